@@ -1,0 +1,40 @@
+"""hf_minitx: a small, from-scratch Transformer that is a first-class Hugging Face model.
+
+Importing the package registers `MiniTxConfig` and the models with transformers' Auto classes, so
+`AutoConfig`, `AutoModel`, `AutoModelForCausalLM` and `AutoModelForSeq2SeqLM` resolve `model_type="minitx"`.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+from .configuration_minitx import MiniTxConfig
+from .modeling_minitx import (
+    MiniTxForCausalLM,
+    MiniTxForConditionalGeneration,
+    MiniTxModel,
+    MiniTxPreTrainedModel,
+)
+
+__version__ = "0.1.0"
+
+
+def _register() -> None:
+    """Register with the Auto classes here, and mark the classes so save_pretrained writes `auto_map` + code."""
+    AutoConfig.register(MiniTxConfig.model_type, MiniTxConfig, exist_ok=True)
+    AutoModel.register(MiniTxConfig, MiniTxModel, exist_ok=True)
+    AutoModelForCausalLM.register(MiniTxConfig, MiniTxForCausalLM, exist_ok=True)
+    AutoModelForSeq2SeqLM.register(MiniTxConfig, MiniTxForConditionalGeneration, exist_ok=True)
+    MiniTxConfig.register_for_auto_class("AutoConfig")
+    MiniTxModel.register_for_auto_class("AutoModel")
+    MiniTxForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+    MiniTxForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+
+
+_register()
+
+__all__ = [
+    "MiniTxConfig",
+    "MiniTxPreTrainedModel",
+    "MiniTxModel",
+    "MiniTxForCausalLM",
+    "MiniTxForConditionalGeneration",
+]

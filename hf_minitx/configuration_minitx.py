@@ -1,0 +1,134 @@
+"""MiniTxConfig: the one configuration shared by the decoder-only and the encoder-decoder model."""
+
+from transformers import PretrainedConfig
+
+HIDDEN_ACTS = ("gelu", "relu")
+NORM_POSITIONS = ("pre", "post")
+POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "rope")
+
+
+class MiniTxConfig(PretrainedConfig):
+    r"""Configuration of a MiniTx model, decoder-only (`is_encoder_decoder=False`) or encoder-decoder.
+
+    Field names follow Hugging Face conventions so that tools (PEFT, device maps, `generate()`) find them.
+
+    Args:
+        vocab_size: number of token ids.
+        hidden_size: width of the residual stream (the paper's d_model).
+        num_hidden_layers: decoder layers of a decoder-only model; for an encoder-decoder it is set to
+            `num_decoder_layers` (the cache counts decoder layers).
+        num_attention_heads: query heads per attention layer.
+        num_key_value_heads: key/value heads (grouped-query attention); defaults to `num_attention_heads`.
+        intermediate_size: hidden width of the feed-forward block; defaults to `4 * hidden_size`.
+        max_position_embeddings: longest sequence the positional encoding supports.
+        hidden_act: feed-forward activation, one of "gelu", "relu".
+        norm_position: "pre" (LayerNorm before each sub-layer, GPT-2 style) or "post" (the paper's
+            LayerNorm(x + sublayer(x))).
+        position_embedding_type: "sinusoidal" (the paper), "learned" (GPT-2) or "rope" (rotary).
+        rope_theta: base of the rotary frequencies.
+        hidden_dropout: dropout on embeddings and on each sub-layer output before the residual add.
+        attention_dropout: dropout on the attention weights.
+        layer_norm_eps: epsilon of every LayerNorm.
+        initializer_range: standard deviation of the normal weight initialisation.
+        attention_bias: whether q/k/v/o projections and the feed-forward layers carry biases.
+        scale_embeddings: multiply token embeddings by sqrt(hidden_size), as in the paper.
+        tie_word_embeddings: share the token embedding matrix with the output projection (`lm_head`).
+        is_encoder_decoder: build the seq2seq model (encoder + decoder with cross-attention).
+        num_encoder_layers / num_decoder_layers: layer counts of the seq2seq stacks (default
+            `num_hidden_layers`).
+        bos_token_id / eos_token_id / pad_token_id / decoder_start_token_id: special token ids;
+            `decoder_start_token_id` defaults to `bos_token_id`.
+    """
+
+    model_type = "minitx"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    vocab_size: int = 8192
+    hidden_size: int = 256
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int | None = None
+    intermediate_size: int | None = None
+    max_position_embeddings: int = 512
+    hidden_act: str = "gelu"
+    norm_position: str = "pre"
+    position_embedding_type: str = "learned"
+    rope_theta: float = 10000.0
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    layer_norm_eps: float = 1e-5
+    initializer_range: float = 0.02
+    attention_bias: bool = True
+    scale_embeddings: bool = False
+    tie_word_embeddings: bool = True
+    is_encoder_decoder: bool = False
+    num_encoder_layers: int | None = None
+    num_decoder_layers: int | None = None
+    use_cache: bool = True
+    bos_token_id: int | None = 1
+    eos_token_id: int | None = 2
+    pad_token_id: int | None = 0
+    decoder_start_token_id: int | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
+        if self.decoder_start_token_id is None:
+            self.decoder_start_token_id = self.bos_token_id
+        if self.is_encoder_decoder:
+            self.num_encoder_layers = self.num_encoder_layers or self.num_hidden_layers
+            self.num_decoder_layers = self.num_decoder_layers or self.num_hidden_layers
+            self.num_hidden_layers = self.num_decoder_layers
+        elif self.num_decoder_layers is not None:
+            self.num_hidden_layers = self.num_decoder_layers
+        super().__post_init__(**kwargs)
+        self._check()
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.hidden_size // self.num_attention_heads
+
+    def _check(self) -> None:
+        """Raise ValueError for settings no model can be built from."""
+        choices = {
+            "hidden_act": HIDDEN_ACTS,
+            "norm_position": NORM_POSITIONS,
+            "position_embedding_type": POSITION_EMBEDDING_TYPES,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"MiniTxConfig.{name}={getattr(self, name)!r} is not supported; choose one of {allowed}.")
+        positive = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                    "intermediate_size", "max_position_embeddings"]
+        if self.is_encoder_decoder:
+            positive += ["num_encoder_layers", "num_decoder_layers"]
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"MiniTxConfig.{name} must be a positive integer, got {value!r}.")
+        if not self.is_encoder_decoder and self.num_encoder_layers is not None:
+            raise ValueError("MiniTxConfig.num_encoder_layers is only used with is_encoder_decoder=True; "
+                             "leave it unset for a decoder-only model.")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"MiniTxConfig.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                             f"({self.num_attention_heads}); e.g. hidden_size={self.num_attention_heads * 64}.")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"MiniTxConfig.num_attention_heads ({self.num_attention_heads}) must be divisible by "
+                             f"num_key_value_heads ({self.num_key_value_heads}).")
+        if self.position_embedding_type == "rope" and self.head_dim % 2:
+            raise ValueError(f"MiniTxConfig: rotary positions need an even head dimension, got {self.head_dim}.")
+        if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2:
+            raise ValueError(f"MiniTxConfig: sinusoidal positions need an even hidden_size, got {self.hidden_size}.")
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"MiniTxConfig.{name} must be in [0, 1), got {getattr(self, name)}.")
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"MiniTxConfig.{name}={value} is outside the vocabulary [0, {self.vocab_size}).")
+
+
+__all__ = ["MiniTxConfig"]

@@ -1,0 +1,195 @@
+"""Building blocks: multi-head attention, the position-wise feed-forward network, encoder and decoder layers."""
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .attention_minitx import eager_attention_forward
+from .configuration_minitx import MiniTxConfig
+from .positions_minitx import apply_rotary
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": nn.functional.gelu,
+    "relu": nn.functional.relu,
+}
+
+
+class MiniTxAttention(nn.Module):
+    """Multi-head (or grouped-query) attention: self-attention, causal or not, or cross-attention.
+
+    The projections are named like Hugging Face's (`q_proj`, `k_proj`, `v_proj`, `o_proj`) so PEFT and device
+    maps find them. The attention itself comes from transformers' interface: `eager` is ours
+    (`attention_minitx.eager_attention_forward`), `sdpa` is torch's fused kernel.
+    """
+
+    def __init__(self, config: MiniTxConfig, layer_idx: int, is_causal: bool = False, is_cross_attention: bool = False):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.is_causal = is_causal
+        self.is_cross_attention = is_cross_attention
+        self.head_dim = config.head_dim
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def _heads(self, projection: nn.Linear, states: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = states.shape
+        return projection(states).view(batch, seq, -1, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attend from `hidden_states` (batch, q_len, hidden) to itself or to `key_value_states` (batch, src, hidden).
+
+        Returns the output (batch, q_len, hidden) and the attention weights (eager only, else None).
+        """
+        batch, q_len, _ = hidden_states.shape
+        query = self._heads(self.q_proj, hidden_states)  # (batch, heads, q_len, head_dim)
+        if self.is_cross_attention:
+            key, value = self._cross_key_value(key_value_states, past_key_values)
+        else:
+            key = self._heads(self.k_proj, hidden_states)  # (batch, kv_heads, q_len, head_dim)
+            value = self._heads(self.v_proj, hidden_states)
+            if position_embeddings is not None:
+                cos, sin = position_embeddings
+                query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+            if past_key_values is not None:
+                cache = past_key_values
+                if isinstance(cache, EncoderDecoderCache):
+                    cache = cache.self_attention_cache
+                key, value = cache.update(key, value, self.layer_idx)  # (batch, kv_heads, kv_len, head_dim)
+
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        output, weights = attention(
+            self, query, key, value, attention_mask,
+            scaling=self.scaling, dropout=self.config.attention_dropout if self.training else 0.0,
+        )
+        output = output.reshape(batch, q_len, -1)  # (batch, q_len, heads * head_dim)
+        return self.o_proj(output), weights
+
+    def _cross_key_value(
+        self, encoder_states: torch.Tensor, past_key_values: Cache | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values of the encoder output, computed once per generation and then read from the cache."""
+        if not isinstance(past_key_values, EncoderDecoderCache):
+            return self._heads(self.k_proj, encoder_states), self._heads(self.v_proj, encoder_states)
+        cache = past_key_values.cross_attention_cache
+        if past_key_values.is_updated.get(self.layer_idx):
+            layer = cache.layers[self.layer_idx]
+            return layer.keys, layer.values
+        key = self._heads(self.k_proj, encoder_states)  # (batch, kv_heads, src_len, head_dim)
+        value = self._heads(self.v_proj, encoder_states)
+        key, value = cache.update(key, value, self.layer_idx)
+        past_key_values.is_updated[self.layer_idx] = True
+        return key, value
+
+
+class MiniTxMLP(nn.Module):
+    """The position-wise feed-forward network: fc2(act(fc1(x))), applied to every position alike."""
+
+    def __init__(self, config: MiniTxConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.attention_bias)
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.attention_bias)
+        self.act = ACTIVATIONS[config.hidden_act]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, hidden) -> (batch, seq, hidden)."""
+        return self.fc2(self.act(self.fc1(hidden_states)))
+
+
+class MiniTxLayerBase(GradientCheckpointingLayer):
+    """Residual + LayerNorm around a sub-layer, pre-LN (x + f(LN(x))) or post-LN (LN(x + f(x)))."""
+
+    def __init__(self, config: MiniTxConfig):
+        super().__init__()
+        self.pre_norm = config.norm_position == "pre"
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def sublayer(self, hidden_states: torch.Tensor, norm: nn.LayerNorm, fn: Callable) -> tuple[torch.Tensor, object]:
+        """Apply `fn` (returning an output or an (output, extra) pair) with residual and norm; return (states, extra)."""
+        out = fn(norm(hidden_states) if self.pre_norm else hidden_states)
+        out, extra = out if isinstance(out, tuple) else (out, None)
+        hidden_states = hidden_states + self.dropout(out)
+        return (hidden_states if self.pre_norm else norm(hidden_states)), extra
+
+
+class MiniTxEncoderLayer(MiniTxLayerBase):
+    """Bidirectional self-attention, then the feed-forward network."""
+
+    def __init__(self, config: MiniTxConfig, layer_idx: int):
+        super().__init__(config)
+        self.self_attn = MiniTxAttention(config, layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = MiniTxMLP(config)
+        self.mlp_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(batch, seq, hidden) -> (batch, seq, hidden), and the self-attention weights (eager only)."""
+        hidden_states, weights = self.sublayer(
+            hidden_states, self.self_attn_layer_norm,
+            lambda x: self.self_attn(x, attention_mask, position_embeddings),
+        )
+        hidden_states, _ = self.sublayer(hidden_states, self.mlp_layer_norm, self.mlp)
+        return hidden_states, weights
+
+
+class MiniTxDecoderLayer(MiniTxLayerBase):
+    """Causal self-attention, cross-attention to the encoder (seq2seq only), then the feed-forward network."""
+
+    def __init__(self, config: MiniTxConfig, layer_idx: int):
+        super().__init__(config)
+        self.self_attn = MiniTxAttention(config, layer_idx, is_causal=True)
+        self.self_attn_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        if config.is_encoder_decoder:
+            self.cross_attn = MiniTxAttention(config, layer_idx, is_cross_attention=True)
+            self.cross_attn_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = MiniTxMLP(config)
+        self.mlp_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(batch, q_len, hidden) -> (batch, q_len, hidden), self-attention and cross-attention weights."""
+        hidden_states, self_weights = self.sublayer(
+            hidden_states, self.self_attn_layer_norm,
+            lambda x: self.self_attn(x, attention_mask, position_embeddings, past_key_values=past_key_values),
+        )
+        cross_weights = None
+        if encoder_hidden_states is not None:
+            hidden_states, cross_weights = self.sublayer(
+                hidden_states, self.cross_attn_layer_norm,
+                lambda x: self.cross_attn(
+                    x, encoder_attention_mask, key_value_states=encoder_hidden_states, past_key_values=past_key_values
+                ),
+            )
+        hidden_states, _ = self.sublayer(hidden_states, self.mlp_layer_norm, self.mlp)
+        return hidden_states, self_weights, cross_weights
+
+
+__all__ = ["MiniTxAttention", "MiniTxMLP", "MiniTxEncoderLayer", "MiniTxDecoderLayer"]

@@ -1,0 +1,77 @@
+"""Positional information: sinusoidal (the paper), learned (GPT-2) and rotary (RoPE)."""
+
+import torch
+from torch import nn
+
+from .configuration_minitx import MiniTxConfig
+
+
+def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
+    """The paper's table: PE[pos, 2i] = sin(pos / 10000^(2i/dim)), PE[pos, 2i+1] = cos(...).
+
+    Returns a float32 (num_positions, dim) tensor.
+    """
+    position = torch.arange(num_positions, dtype=torch.float32)[:, None]  # (positions, 1)
+    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-torch.log(torch.tensor(10000.0)) / dim))
+    table = torch.zeros(num_positions, dim)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq)
+    return table
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
+    """Rotation speed of each pair of channels: theta^(-2i/head_dim), a float32 (head_dim // 2,) tensor."""
+    return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+
+
+class MiniTxPositionalEmbedding(nn.Module):
+    """Absolute positions added to the token embeddings: a learned table or the fixed sinusoidal one.
+
+    The sinusoidal table is a non-persistent buffer: it is not stored in checkpoints and is rebuilt by
+    `MiniTxPreTrainedModel._init_weights` on load.
+    """
+
+    def __init__(self, config: MiniTxConfig):
+        super().__init__()
+        self.learned = config.position_embedding_type == "learned"
+        if self.learned:
+            self.weight = nn.Parameter(torch.empty(config.max_position_embeddings, config.hidden_size))
+        else:
+            table = sinusoidal_table(config.max_position_embeddings, config.hidden_size)
+            self.register_buffer("weight", table, persistent=False)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """(batch | 1, seq) position ids -> (batch | 1, seq, hidden) position vectors."""
+        return nn.functional.embedding(position_ids, self.weight)
+
+
+class MiniTxRotaryEmbedding(nn.Module):
+    """cos/sin of the rotary angles for given positions; `apply_rotary` rotates queries and keys with them."""
+
+    def __init__(self, config: MiniTxConfig):
+        super().__init__()
+        self.theta = config.rope_theta
+        self.head_dim = config.head_dim
+        self.register_buffer("inv_freq", rope_inverse_frequencies(self.head_dim, self.theta), persistent=False)
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(batch | 1, seq) positions -> cos, sin, each (batch | 1, 1, seq, head_dim) in `dtype`."""
+        angles = position_ids[..., None].float() * self.inv_freq.float()  # (batch, seq, head_dim / 2)
+        angles = torch.cat((angles, angles), dim=-1)[:, None]  # (batch, 1, seq, head_dim)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs (i, i + head_dim/2) of x (batch, heads, seq, head_dim) by the given angles."""
+    first, second = x.chunk(2, dim=-1)
+    rotated = torch.cat((-second, first), dim=-1)  # (batch, heads, seq, head_dim)
+    return x * cos + rotated * sin
+
+
+__all__ = [
+    "sinusoidal_table",
+    "rope_inverse_frequencies",
+    "MiniTxPositionalEmbedding",
+    "MiniTxRotaryEmbedding",
+    "apply_rotary",
+]
