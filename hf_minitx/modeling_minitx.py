@@ -31,6 +31,14 @@ from .positions_minitx import (
 )
 
 
+AUTO_MAP = {
+    "AutoConfig": "configuration_minitx.MiniTxConfig",
+    "AutoModel": "modeling_minitx.MiniTxModel",
+    "AutoModelForCausalLM": "modeling_minitx.MiniTxForCausalLM",
+    "AutoModelForSeq2SeqLM": "modeling_minitx.MiniTxForConditionalGeneration",
+}
+
+
 class MiniTxPreTrainedModel(PreTrainedModel):
     """Weight initialisation and the Hugging Face class attributes shared by every MiniTx model."""
 
@@ -40,6 +48,15 @@ class MiniTxPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _no_split_modules = ["MiniTxEncoderLayer", "MiniTxDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """`PreTrainedModel.save_pretrained`, with an `auto_map` naming every Auto class of MiniTx.
+
+        The saved folder then loads with AutoConfig, AutoModel and either LM Auto class under
+        `trust_remote_code=True`; the wrong LM class raises a clear error instead of a lookup failure.
+        """
+        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
+        super().save_pretrained(save_directory, *args, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

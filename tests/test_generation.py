@@ -1,0 +1,125 @@
+"""generate() through transformers: cache parity, padding, beams, sampling, EOS, streaming, static cache."""
+
+import pytest
+import torch
+from conftest import tiny_config
+from transformers import TextStreamer
+
+from hf_minitx import MiniTxForCausalLM, MiniTxForConditionalGeneration
+
+GREEDY = dict(do_sample=False, max_new_tokens=12, min_new_tokens=12)
+
+
+def _causal(**overrides):
+    torch.manual_seed(0)
+    return MiniTxForCausalLM(tiny_config(**overrides)).eval()
+
+
+def _seq2seq(**overrides):
+    torch.manual_seed(0)
+    return MiniTxForConditionalGeneration(tiny_config(is_encoder_decoder=True, **overrides)).eval()
+
+
+def _ids(batch, length, seed=0):
+    return torch.randint(3, 64, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("pe", ["learned", "sinusoidal", "rope"])
+def test_cached_and_uncached_greedy_give_identical_tokens(pe):
+    for model in (_causal(position_embedding_type=pe), _seq2seq(position_embedding_type=pe)):
+        ids = _ids(2, 6)
+        cached = model.generate(ids, use_cache=True, **GREEDY)
+        uncached = model.generate(ids, use_cache=False, **GREEDY)
+        assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize("pe", ["learned", "rope"])
+def test_left_padded_batch_generates_what_each_prompt_generates_alone(pe):
+    model = _causal(position_embedding_type=pe)
+    prompts = [_ids(1, 3, seed=1), _ids(1, 7, seed=2)]
+    width = 7
+    batch = torch.cat([torch.cat([torch.zeros(1, width - p.size(1), dtype=torch.long), p], 1) for p in prompts])
+    mask = torch.cat([torch.cat([torch.zeros(1, width - p.size(1)), torch.ones(1, p.size(1))], 1) for p in prompts])
+    out = model.generate(batch, attention_mask=mask.long(), **GREEDY)
+    for row, prompt in enumerate(prompts):
+        alone = model.generate(prompt, **GREEDY)
+        assert torch.equal(out[row, width:], alone[0, prompt.size(1):])
+
+
+def test_seq2seq_padded_batch_generates_what_each_source_generates_alone():
+    model = _seq2seq()
+    sources = [_ids(1, 4, seed=3), _ids(1, 8, seed=4)]
+    batch = torch.cat([torch.cat([s, torch.zeros(1, 8 - s.size(1), dtype=torch.long)], 1) for s in sources])
+    mask = (batch != 0).long()
+    mask[1] = 1
+    out = model.generate(batch, attention_mask=mask, **GREEDY)
+    for row, source in enumerate(sources):
+        assert torch.equal(out[row], model.generate(source, **GREEDY)[0])
+
+
+def test_one_beam_equals_greedy_and_beams_score_at_least_as_well():
+    for model in (_causal(), _seq2seq()):
+        ids = _ids(2, 5)
+        greedy = model.generate(ids, **GREEDY)
+        assert torch.equal(model.generate(ids, num_beams=1, **GREEDY), greedy)
+        beams = model.generate(ids, num_beams=4, early_stopping=True, **GREEDY)
+        assert beams.shape == greedy.shape
+
+
+def test_beam_search_finds_a_sequence_at_least_as_likely_as_greedy():
+    model = _causal()
+    ids = _ids(1, 5)
+
+    def log_prob(sequence):
+        logits = model(sequence).logits[0, ids.size(1) - 1 : -1].log_softmax(-1)
+        return logits.gather(-1, sequence[0, ids.size(1):, None]).sum()
+
+    greedy = model.generate(ids, do_sample=False, max_new_tokens=6, min_new_tokens=6)
+    beams = model.generate(ids, do_sample=False, num_beams=5, max_new_tokens=6, min_new_tokens=6, length_penalty=0.0)
+    assert log_prob(beams) >= log_prob(greedy) - 1e-4
+
+
+def test_sampling_is_seeded_and_top_k_one_is_greedy():
+    model = _causal()
+    ids = _ids(1, 4)
+    torch.manual_seed(1)
+    a = model.generate(ids, do_sample=True, temperature=0.9, top_p=0.9, top_k=20, max_new_tokens=10)
+    torch.manual_seed(1)
+    b = model.generate(ids, do_sample=True, temperature=0.9, top_p=0.9, top_k=20, max_new_tokens=10)
+    assert torch.equal(a, b)
+    top1 = model.generate(ids, do_sample=True, top_k=1, max_new_tokens=10, min_new_tokens=10)
+    assert torch.equal(top1, model.generate(ids, do_sample=False, max_new_tokens=10, min_new_tokens=10))
+
+
+def test_generation_stops_at_eos():
+    model = _causal()
+    ids = _ids(1, 4)
+    free = model.generate(ids, do_sample=False, max_new_tokens=8, min_new_tokens=8)
+    eos = int(free[0, 6])  # make the third generated token the end-of-sequence token
+    stopped = model.generate(ids, do_sample=False, max_new_tokens=8, eos_token_id=eos, pad_token_id=0)
+    assert stopped.size(1) <= 7 and int(stopped[0, -1]) == eos
+
+
+def test_text_streamer_receives_the_generated_tokens():
+    class Recorder:
+        def __init__(self):
+            self.tokens = []
+
+        def decode(self, ids, **kwargs):
+            self.tokens.extend(int(i) for i in ids)
+            return " ".join(str(int(i)) for i in ids)
+
+    model = _causal()
+    ids = _ids(1, 4)
+    recorder = Recorder()
+    streamer = TextStreamer(recorder)
+    out = model.generate(ids, streamer=streamer, **GREEDY)
+    assert recorder.tokens[-12:] == out[0, 4:].tolist()
+
+
+def test_static_cache_matches_dynamic_cache():
+    model = _causal()
+    ids = _ids(2, 5)
+    dynamic = model.generate(ids, **GREEDY)
+    static = model.generate(ids, cache_implementation="static", **GREEDY)
+    assert torch.equal(static, dynamic)
