@@ -30,7 +30,6 @@ from .positions_minitx import (
     sinusoidal_table,
 )
 
-
 AUTO_MAP = {
     "AutoConfig": "configuration_minitx.MiniTxConfig",
     "AutoModel": "modeling_minitx.MiniTxModel",

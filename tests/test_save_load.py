@@ -122,3 +122,13 @@ def test_folder_loads_and_generates_without_hf_minitx_installed(tmp_path, kind, 
     assert report["config"] == "MiniTxConfig" and report["model"] == type(model).__name__
     assert report["base"] == "MiniTxModel"
     assert report["tokens"] == expected
+
+
+def test_device_map_and_to_device_keep_every_tensor_on_that_device(tmp_path):
+    _model("seq2seq", position_embedding_type="sinusoidal").save_pretrained(tmp_path)
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, device_map="cpu")
+    assert {t.device.type for t in _all_tensors(model).values()} == {"cpu"}
+    model = model.to(torch.bfloat16)
+    assert {t.dtype for t in _all_tensors(model).values() if t.is_floating_point()} == {torch.bfloat16}
+    ids = torch.randint(3, 64, (1, 4))
+    assert model.generate(ids, do_sample=False, max_new_tokens=3, min_new_tokens=3).shape == (1, 4)
