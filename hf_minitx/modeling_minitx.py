@@ -357,7 +357,10 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
         logits = self.lm_head(hidden_states)  # (batch, seq, vocab)
         loss = None
         if labels is not None:
-            loss = token_cross_entropy(logits[:, :-1], labels[:, 1:])
+            # Shift the labels, not the logits: slicing the (batch, seq, vocab) logits would copy them forward
+            # and backward. The padded last position is ignored (-100), so the mean is over the same positions.
+            shifted = nn.functional.pad(labels[:, 1:], (0, 1), value=-100)  # (batch, seq)
+            loss = token_cross_entropy(logits, shifted)
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,
