@@ -1,0 +1,64 @@
+"""Pick a device (cuda -> mps -> cpu) and a dtype the device supports, with explicit overrides."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def pick_device(requested: str | None = None) -> torch.device:
+    """``requested`` ("cuda", "cuda:1", "mps", "cpu") or the best available: cuda, then mps, then cpu."""
+    if requested in (None, "", "auto"):
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("mps") if _mps_available() else torch.device("cpu")
+    try:
+        device = torch.device(requested)
+    except RuntimeError as err:
+        raise ValueError(f"unknown device {requested!r}; use auto, cpu, cuda, cuda:N or mps") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {requested!r} was asked for but CUDA is not available; use --device cpu or auto")
+    if device.type == "mps" and not _mps_available():
+        raise ValueError(f"device {requested!r} was asked for but MPS is not available; use --device cpu or auto")
+    return device
+
+
+def pick_dtype(device: torch.device, requested: str | None = None) -> torch.dtype:
+    """``requested`` (float32|bfloat16|float16, or auto) or the device's best: bf16 on recent CUDA, fp16 on
+    older CUDA, fp32 on MPS and CPU."""
+    if requested not in (None, "", "auto"):
+        if requested not in DTYPES:
+            raise ValueError(f"unknown dtype {requested!r}; use auto, {', '.join(sorted(set(DTYPES)))}")
+        dtype = DTYPES[requested]
+        if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+            raise ValueError("this GPU does not support bfloat16; use --dtype float16 or float32")
+        return dtype
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def describe_hardware(device: torch.device, num_processes: int = 1) -> str:
+    """A short human description, e.g. '2 x cpu (2 cores)' or '1 x NVIDIA H100'."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    elif device.type == "mps":
+        name = "Apple MPS"
+    else:
+        name = f"cpu ({os.cpu_count()} cores)"
+    return f"{num_processes} x {name}"
