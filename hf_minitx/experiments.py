@@ -51,7 +51,7 @@ class ExperimentConfig:
     eval_every: int = 50
     log_every: int = 10
     eval_examples: int = 256
-    stop_at_exact_match: float | None = 1.0
+    stop_at_exact_match: float | None = 100.0
     seed: int = 0
     output_dir: str | None = None
 
@@ -134,7 +134,7 @@ def evaluate(model: MiniTxForConditionalGeneration, batch: dict[str, torch.Tenso
     known = batch["labels"] != -100
     correct = ((generated == batch["labels"]) | ~known).all(dim=1)
     model.train()
-    return {"eval_loss": loss, "eval_exact_match": correct.float().mean().item()}
+    return {"eval_loss": loss, "eval_exact_match": 100.0 * correct.float().mean().item()}  # percent
 
 
 # --- training ------------------------------------------------------------------------------------

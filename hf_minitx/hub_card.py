@@ -30,7 +30,7 @@ KNOWN_METRICS = {
     "eval_loss": ("loss", "Validation loss (nats per token)", "{:.4f}"),
     "eval_perplexity": ("perplexity", "Validation perplexity", "{:.2f}"),
     "eval_bits_per_byte": ("bits_per_byte", "Validation bits per byte", "{:.4f}"),
-    "eval_exact_match": ("exact_match", "Validation exact match", "{:.2%}"),
+    "eval_exact_match": ("exact_match", "Validation exact match (%)", "{:.2f}"),
     "eval_bleu": ("bleu", "Validation BLEU (sacreBLEU)", "{:.2f}"),
 }
 REQUIRED_TAGS = ("hf_minitx", "custom_code")

@@ -33,7 +33,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
 
 
 FIELD_HELP = {
-    "stop_at_exact_match": "stop when validation exact match reaches this (none: run all steps)",
+    "stop_at_exact_match": "stop when validation exact match (percent) reaches this (none: run all steps)",
     "max_grad_norm": "gradient clipping norm (none: no clipping)",
     "output_dir": "folder for metrics.jsonl, the model and training_summary.json",
 }
@@ -85,7 +85,7 @@ def _describe(label: str, summary: dict) -> str:
     reached = summary["seconds_to_exact_match"]
     when = f", target reached after {reached:.1f}s" if reached is not None else ""
     return (f"{label}: {summary['steps']} steps in {summary['train_seconds']:.1f}s{when}; "
-            f"eval loss {final['eval_loss']:.4f}, exact match {100 * final['eval_exact_match']:.1f}%")
+            f"eval loss {final['eval_loss']:.4f}, exact match {final['eval_exact_match']:.1f}%")
 
 
 def main(argv: list[str] | None = None) -> dict:

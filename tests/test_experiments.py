@@ -84,7 +84,7 @@ def test_run_writes_metrics_the_plots_read(tmp_path):
     assert [r["step"] for r in train] == [2, 4, 6] and [r["step"] for r in evals] == [3, 6]
     assert set(train[0]) == {"type", "step", "epoch", "loss", "learning_rate", "tokens_per_second", "tokens_seen",
                              "elapsed_seconds"}
-    assert 0.0 <= evals[-1]["eval_exact_match"] <= 1.0 and evals[-1]["eval_loss"] > 0
+    assert 0.0 <= evals[-1]["eval_exact_match"] <= 100.0 and evals[-1]["eval_loss"] > 0
     assert summary["final_metrics"] == {k: v for k, v in evals[-1].items() if k.startswith("eval_")}
     saved = json.loads((tmp_path / "run" / "training_summary.json").read_text())
     assert saved["steps"] == 6 and saved["experiment"]["task"] == "copy"
@@ -139,7 +139,7 @@ def test_cli_overrides_and_compare(tmp_path, capsys):
 def test_copy_task_learned_with_diagonal_cross_attention(tmp_path):
     config = dataclasses.replace(PRESETS["copy"], output_dir=str(tmp_path / "copy"))
     summary = run_experiment(config)
-    assert summary["final_metrics"]["eval_exact_match"] == 1.0
+    assert summary["final_metrics"]["eval_exact_match"] == 100.0
     assert summary["seconds_to_exact_match"] is not None
     source = "5 9 7 4 12 6 15 8"
     data = viz.plot_attention(str(tmp_path / "copy"), source=source, target=source, out=tmp_path / "cross.png",

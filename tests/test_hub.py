@@ -37,7 +37,7 @@ SENTENCES = [
     "seven hundred and twelve", "sept cent douze", "one thousand and one", "mille un",
 ]
 CAUSAL_METRICS = {"eval_loss": 3.2188, "eval_perplexity": 24.99, "eval_bits_per_byte": 1.1834}
-SEQ2SEQ_METRICS = {"eval_loss": 0.0412, "eval_exact_match": 0.9925, "eval_bleu": 98.76}
+SEQ2SEQ_METRICS = {"eval_loss": 0.0412, "eval_exact_match": 99.25, "eval_bleu": 98.76}
 
 
 def _write_records(folder: Path, task: str, metrics: dict, **summary_overrides) -> dict:
@@ -123,7 +123,7 @@ def test_card_body_shows_architecture_parameters_training_and_usage(folders):
     assert "rotary (RoPE)" in text and "pre-LayerNorm" in text
     assert "| Optimizer steps | 120 |" in text and "| Training tokens | 245,760" in text
     assert "| Training time | 1 min 16 s |" in text and "1 x cpu (2 cores)" in text
-    assert "| Validation exact match | 99.25% |" in text and "| Validation BLEU (sacreBLEU) | 98.76 |" in text
+    assert "| Validation exact match (%) | 99.25 |" in text and "| Validation BLEU (sacreBLEU) | 98.76 |" in text
     assert 'AutoModelForSeq2SeqLM.from_pretrained("alice/numbers", trust_remote_code=True)' in text
     assert 'AutoModelForSeq2SeqLM.from_pretrained("alice/numbers")\n' in text  # installed-package path
     assert "byte-level BPE tokenizer with 300 tokens" in text
