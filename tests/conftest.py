@@ -27,3 +27,24 @@ def tiny_config(**overrides):
 @pytest.fixture
 def make_config():
     return tiny_config
+
+
+def tiny_causal(**overrides):
+    """A seeded, tiny MiniTxForCausalLM in eval mode."""
+    from hf_minitx import MiniTxForCausalLM
+
+    torch.manual_seed(0)
+    return MiniTxForCausalLM(tiny_config(**overrides)).eval()
+
+
+def tiny_seq2seq(**overrides):
+    """A seeded, tiny MiniTxForConditionalGeneration in eval mode."""
+    from hf_minitx import MiniTxForConditionalGeneration
+
+    torch.manual_seed(0)
+    return MiniTxForConditionalGeneration(tiny_config(is_encoder_decoder=True, **overrides)).eval()
+
+
+def random_ids(batch: int, length: int, seed: int = 0, vocab: int = 64) -> torch.Tensor:
+    """(batch, length) ids that avoid the special tokens 0-2."""
+    return torch.randint(3, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))

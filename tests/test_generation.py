@@ -2,32 +2,16 @@
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import random_ids, tiny_causal, tiny_seq2seq
 from transformers import TextStreamer
-
-from hf_minitx import MiniTxForCausalLM, MiniTxForConditionalGeneration
 
 GREEDY = dict(do_sample=False, max_new_tokens=12, min_new_tokens=12)
 
 
-def _causal(**overrides):
-    torch.manual_seed(0)
-    return MiniTxForCausalLM(tiny_config(**overrides)).eval()
-
-
-def _seq2seq(**overrides):
-    torch.manual_seed(0)
-    return MiniTxForConditionalGeneration(tiny_config(is_encoder_decoder=True, **overrides)).eval()
-
-
-def _ids(batch, length, seed=0):
-    return torch.randint(3, 64, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
 @pytest.mark.parametrize("pe", ["learned", "sinusoidal", "rope"])
 def test_cached_and_uncached_greedy_give_identical_tokens(pe):
-    for model in (_causal(position_embedding_type=pe), _seq2seq(position_embedding_type=pe)):
-        ids = _ids(2, 6)
+    for model in (tiny_causal(position_embedding_type=pe), tiny_seq2seq(position_embedding_type=pe)):
+        ids = random_ids(2, 6)
         cached = model.generate(ids, use_cache=True, **GREEDY)
         uncached = model.generate(ids, use_cache=False, **GREEDY)
         assert torch.equal(cached, uncached)
@@ -35,8 +19,8 @@ def test_cached_and_uncached_greedy_give_identical_tokens(pe):
 
 @pytest.mark.parametrize("pe", ["learned", "rope"])
 def test_left_padded_batch_generates_what_each_prompt_generates_alone(pe):
-    model = _causal(position_embedding_type=pe)
-    prompts = [_ids(1, 3, seed=1), _ids(1, 7, seed=2)]
+    model = tiny_causal(position_embedding_type=pe)
+    prompts = [random_ids(1, 3, seed=1), random_ids(1, 7, seed=2)]
     width = 7
     batch = torch.cat([torch.cat([torch.zeros(1, width - p.size(1), dtype=torch.long), p], 1) for p in prompts])
     mask = torch.cat([torch.cat([torch.zeros(1, width - p.size(1)), torch.ones(1, p.size(1))], 1) for p in prompts])
@@ -47,8 +31,8 @@ def test_left_padded_batch_generates_what_each_prompt_generates_alone(pe):
 
 
 def test_seq2seq_padded_batch_generates_what_each_source_generates_alone():
-    model = _seq2seq()
-    sources = [_ids(1, 4, seed=3), _ids(1, 8, seed=4)]
+    model = tiny_seq2seq()
+    sources = [random_ids(1, 4, seed=3), random_ids(1, 8, seed=4)]
     batch = torch.cat([torch.cat([s, torch.zeros(1, 8 - s.size(1), dtype=torch.long)], 1) for s in sources])
     mask = (batch != 0).long()
     mask[1] = 1
@@ -58,8 +42,8 @@ def test_seq2seq_padded_batch_generates_what_each_source_generates_alone():
 
 
 def test_one_beam_equals_greedy_and_beams_score_at_least_as_well():
-    for model in (_causal(), _seq2seq()):
-        ids = _ids(2, 5)
+    for model in (tiny_causal(), tiny_seq2seq()):
+        ids = random_ids(2, 5)
         greedy = model.generate(ids, **GREEDY)
         assert torch.equal(model.generate(ids, num_beams=1, **GREEDY), greedy)
         beams = model.generate(ids, num_beams=4, early_stopping=True, **GREEDY)
@@ -67,8 +51,8 @@ def test_one_beam_equals_greedy_and_beams_score_at_least_as_well():
 
 
 def test_beam_search_finds_a_sequence_at_least_as_likely_as_greedy():
-    model = _causal()
-    ids = _ids(1, 5)
+    model = tiny_causal()
+    ids = random_ids(1, 5)
 
     def log_prob(sequence):
         logits = model(sequence).logits[0, ids.size(1) - 1 : -1].log_softmax(-1)
@@ -80,8 +64,8 @@ def test_beam_search_finds_a_sequence_at_least_as_likely_as_greedy():
 
 
 def test_sampling_is_seeded_and_top_k_one_is_greedy():
-    model = _causal()
-    ids = _ids(1, 4)
+    model = tiny_causal()
+    ids = random_ids(1, 4)
     torch.manual_seed(1)
     a = model.generate(ids, do_sample=True, temperature=0.9, top_p=0.9, top_k=20, max_new_tokens=10)
     torch.manual_seed(1)
@@ -92,8 +76,8 @@ def test_sampling_is_seeded_and_top_k_one_is_greedy():
 
 
 def test_generation_stops_at_eos():
-    model = _causal()
-    ids = _ids(1, 4)
+    model = tiny_causal()
+    ids = random_ids(1, 4)
     free = model.generate(ids, do_sample=False, max_new_tokens=8, min_new_tokens=8)
     eos = int(free[0, 6])  # make the third generated token the end-of-sequence token
     stopped = model.generate(ids, do_sample=False, max_new_tokens=8, eos_token_id=eos, pad_token_id=0)
@@ -109,8 +93,8 @@ def test_text_streamer_receives_the_generated_tokens():
             self.tokens.extend(int(i) for i in ids)
             return " ".join(str(int(i)) for i in ids)
 
-    model = _causal()
-    ids = _ids(1, 4)
+    model = tiny_causal()
+    ids = random_ids(1, 4)
     recorder = Recorder()
     streamer = TextStreamer(recorder)
     out = model.generate(ids, streamer=streamer, **GREEDY)
@@ -118,8 +102,8 @@ def test_text_streamer_receives_the_generated_tokens():
 
 
 def test_static_cache_matches_dynamic_cache():
-    model = _causal()
-    ids = _ids(2, 5)
+    model = tiny_causal()
+    ids = random_ids(2, 5)
     dynamic = model.generate(ids, **GREEDY)
     static = model.generate(ids, cache_implementation="static", **GREEDY)
     assert torch.equal(static, dynamic)

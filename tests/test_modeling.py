@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import random_ids, tiny_causal, tiny_seq2seq
 
-from hf_minitx import MiniTxForCausalLM, MiniTxForConditionalGeneration, MiniTxModel
+from hf_minitx import MiniTxModel
 from hf_minitx.modeling_minitx import shift_tokens_right
 
 VARIANTS = [
@@ -14,24 +14,10 @@ VARIANTS = [
 ]
 
 
-def _causal(**overrides):
-    torch.manual_seed(0)
-    return MiniTxForCausalLM(tiny_config(**overrides)).eval()
-
-
-def _seq2seq(**overrides):
-    torch.manual_seed(0)
-    return MiniTxForConditionalGeneration(tiny_config(is_encoder_decoder=True, **overrides)).eval()
-
-
-def _ids(batch, length, seed=0, vocab=64):
-    return torch.randint(3, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_causal_eager_equals_sdpa(variant):
-    model = _causal(**variant)
-    ids = _ids(2, 12)
+    model = tiny_causal(**variant)
+    ids = random_ids(2, 12)
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
     model.set_attn_implementation("sdpa")
@@ -43,8 +29,8 @@ def test_causal_eager_equals_sdpa(variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_seq2seq_eager_equals_sdpa(variant):
-    model = _seq2seq(**variant)
-    src, tgt = _ids(2, 9), _ids(2, 6, seed=1)
+    model = tiny_seq2seq(**variant)
+    src, tgt = random_ids(2, 9), random_ids(2, 6, seed=1)
     mask = torch.ones_like(src)
     mask[1, 6:] = 0
     model.set_attn_implementation("sdpa")
@@ -56,8 +42,8 @@ def test_seq2seq_eager_equals_sdpa(variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_left_padded_batch_equals_each_sequence_alone(variant):
-    model = _causal(**variant)
-    short, long = _ids(1, 5, seed=1), _ids(1, 9, seed=2)
+    model = tiny_causal(**variant)
+    short, long = random_ids(1, 5, seed=1), random_ids(1, 9, seed=2)
     batch = torch.cat([torch.cat([torch.zeros(1, 4, dtype=torch.long), short], 1), long])
     mask = (torch.arange(9)[None] >= torch.tensor([[4], [0]])).long()
     logits = model(batch, attention_mask=mask).logits
@@ -66,8 +52,8 @@ def test_left_padded_batch_equals_each_sequence_alone(variant):
 
 
 def test_right_padded_seq2seq_source_equals_unpadded():
-    model = _seq2seq()
-    src, tgt = _ids(1, 5), _ids(1, 4, seed=3)
+    model = tiny_seq2seq()
+    src, tgt = random_ids(1, 5), random_ids(1, 4, seed=3)
     padded = torch.cat([src, torch.zeros(1, 3, dtype=torch.long)], 1)
     mask = torch.tensor([[1] * 5 + [0] * 3])
     torch.testing.assert_close(
@@ -78,8 +64,8 @@ def test_right_padded_seq2seq_source_equals_unpadded():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cached_forward_equals_full_forward(variant):
-    model = _causal(**variant)
-    ids = _ids(2, 10)
+    model = tiny_causal(**variant)
+    ids = random_ids(2, 10)
     full = model(ids).logits
     first = model(ids[:, :6], use_cache=True)
     step = model(ids[:, 6:], past_key_values=first.past_key_values, use_cache=True)  # 4 tokens after a cache
@@ -87,8 +73,8 @@ def test_cached_forward_equals_full_forward(variant):
 
 
 def test_causal_loss_is_shifted_and_ignores_minus_100():
-    model = _causal()
-    ids = _ids(2, 8)
+    model = tiny_causal()
+    ids = random_ids(2, 8)
     logits = model(ids).logits
     expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 64), ids[:, 1:].reshape(-1))
     torch.testing.assert_close(model(ids, labels=ids).loss, expected)
@@ -99,8 +85,8 @@ def test_causal_loss_is_shifted_and_ignores_minus_100():
 
 
 def test_seq2seq_labels_make_decoder_inputs_and_loss_ignores_padding():
-    model = _seq2seq()
-    src = _ids(2, 7)
+    model = tiny_seq2seq()
+    src = random_ids(2, 7)
     labels = torch.tensor([[5, 6, 7, 2], [8, 2, -100, -100]])
     decoder_inputs = shift_tokens_right(labels, model.config.decoder_start_token_id, model.config.pad_token_id)
     assert decoder_inputs.tolist() == [[1, 5, 6, 7], [1, 8, 2, 0]]
@@ -112,19 +98,19 @@ def test_seq2seq_labels_make_decoder_inputs_and_loss_ignores_padding():
 
 
 def test_tied_embeddings_share_storage_and_untied_do_not():
-    tied = _causal()
+    tied = tiny_causal()
     assert tied.lm_head.weight.data_ptr() == tied.model.decoder.embed_tokens.weight.data_ptr()
-    untied = _causal(tie_word_embeddings=False)
+    untied = tiny_causal(tie_word_embeddings=False)
     assert untied.lm_head.weight.data_ptr() != untied.model.decoder.embed_tokens.weight.data_ptr()
-    s2s = _seq2seq()
+    s2s = tiny_seq2seq()
     assert s2s.lm_head.weight.data_ptr() == s2s.get_input_embeddings().weight.data_ptr()
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():
-    ids = _ids(2, 8)
+    ids = random_ids(2, 8)
 
     def grads(checkpointing):
-        model = _causal(hidden_dropout=0.0)
+        model = tiny_causal(hidden_dropout=0.0)
         model.train()
         if checkpointing:
             model.activation_checkpointing_enable()
@@ -138,9 +124,9 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 
 
 def test_output_attentions_shapes_and_rows_sum_to_one():
-    model = _seq2seq(num_key_value_heads=2)
+    model = tiny_seq2seq(num_key_value_heads=2)
     model.set_attn_implementation("eager")
-    out = model(_ids(2, 7), decoder_input_ids=_ids(2, 5), output_attentions=True, output_hidden_states=True)
+    out = model(random_ids(2, 7), decoder_input_ids=random_ids(2, 5), output_attentions=True, output_hidden_states=True)
     assert len(out.encoder_attentions) == 2 and out.encoder_attentions[0].shape == (2, 4, 7, 7)
     assert out.decoder_attentions[0].shape == (2, 4, 5, 5) and out.cross_attentions[0].shape == (2, 4, 5, 7)
     torch.testing.assert_close(out.cross_attentions[1].sum(-1), torch.ones(2, 4, 5))
@@ -151,7 +137,7 @@ def test_output_attentions_shapes_and_rows_sum_to_one():
 def test_auto_model_gives_the_headless_model_of_either_kind(tmp_path):
     from transformers import AutoModel
 
-    for model in (_causal(), _seq2seq()):
+    for model in (tiny_causal(), tiny_seq2seq()):
         model.save_pretrained(tmp_path / model.__class__.__name__)
         base = AutoModel.from_pretrained(tmp_path / model.__class__.__name__)
         assert isinstance(base, MiniTxModel)
@@ -160,8 +146,8 @@ def test_auto_model_gives_the_headless_model_of_either_kind(tmp_path):
 
 
 def test_dropout_only_in_training_mode():
-    model = _causal(hidden_dropout=0.5, attention_dropout=0.5)
-    ids = _ids(1, 8)
+    model = tiny_causal(hidden_dropout=0.5, attention_dropout=0.5)
+    ids = random_ids(1, 8)
     torch.testing.assert_close(model(ids).logits, model(ids).logits)
     model.train()
     assert not torch.allclose(model(ids).logits, model(ids).logits)
