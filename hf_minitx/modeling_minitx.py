@@ -309,9 +309,9 @@ def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smooth
 
     logits (batch, seq, vocab) and labels (batch, seq) are already aligned (logits[t] predicts labels[t]).
     """
+    flat_logits = logits.float().reshape(-1, logits.size(-1))  # (batch * seq, vocab)
     return nn.functional.cross_entropy(
-        logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1),
-        ignore_index=-100, label_smoothing=label_smoothing,
+        flat_logits, labels.reshape(-1), ignore_index=-100, label_smoothing=label_smoothing  # labels: (batch * seq,)
     )
 
 
