@@ -13,4 +13,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hf_minitx.benchmark import main  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    from hf_minitx.cli import run_cli
+
+    sys.exit(run_cli(main))

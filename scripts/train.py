@@ -3,7 +3,7 @@
     python scripts/train.py --task seq2seq --dataset builtin:numbers-en-fr --preset numbers-demo \
         --output_dir runs/numbers --max_steps 1500
     python scripts/train.py scripts/configs/runs/kjv-gpt.json --max_minutes 5
-    accelerate launch --num_processes 2 --cpu scripts/train.py --dataset builtin:pydocs --output_dir runs/py
+    accelerate launch --multi_gpu --num_processes 2 scripts/train.py --dataset builtin:pydocs --output_dir runs/py
 
 Arguments: `python scripts/train.py --help`. The logic lives in hf_minitx/train.py.
 """
@@ -20,4 +20,6 @@ except ImportError:  # running from a checkout without `pip install -e .`
     from hf_minitx.train import main
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from hf_minitx.cli import run_cli
+
+    sys.exit(run_cli(main, sys.argv[1:]))

@@ -85,4 +85,6 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    from hf_minitx.cli import run_cli
+
+    sys.exit(run_cli(main))
