@@ -41,6 +41,7 @@ class ExperimentConfig:
     intermediate_size: int = 128
     norm_position: str = "pre"
     position_embedding_type: str = "sinusoidal"
+    initializer_range: float = 0.02  # std of the weights at init; 1/sqrt(hidden_size) is the paper's scale
     steps: int = 600
     batch_size: int = 64
     learning_rate: float = 1e-3
@@ -71,6 +72,8 @@ class ExperimentConfig:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}.")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be positive or None (no clipping), got {self.max_grad_norm}.")
+        if self.initializer_range <= 0:
+            raise ValueError(f"initializer_range must be positive, got {self.initializer_range}.")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be positive, got {self.learning_rate}.")
 
@@ -81,7 +84,7 @@ class ExperimentConfig:
             num_attention_heads=self.num_heads, intermediate_size=self.intermediate_size,
             max_position_embeddings=self.max_length + 2, norm_position=self.norm_position,
             position_embedding_type=self.position_embedding_type, is_encoder_decoder=True,
-            tie_word_embeddings=True, scale_embeddings=True,
+            tie_word_embeddings=True, scale_embeddings=True, initializer_range=self.initializer_range,
         )
 
 
@@ -236,9 +239,11 @@ PRESETS: dict[str, ExperimentConfig] = {
     # reaches 100% exact match in well under a minute on a 2-core CPU
     "copy": ExperimentConfig(task="copy"),
     "reverse": ExperimentConfig(task="reverse", steps=1000),
-    # deeper stack, large learning rate, short warmup: the regime where post-LN struggles and pre-LN does not
+    # the paper's weight scale (std 1/sqrt(64)), 6 layers a side, no warmup (cosine decay from the peak at
+    # step 1), no clipping: post-LN learns slowly (11-16% exact match after 500 steps), pre-LN reaches ~100%
     "norm-position": ExperimentConfig(
-        task="reverse", num_layers=6, steps=400, learning_rate=3e-3, warmup_steps=20, stop_at_exact_match=None,
+        task="reverse", num_layers=6, steps=500, learning_rate=1e-3, schedule="cosine", warmup_steps=1,
+        max_grad_norm=None, initializer_range=0.125, stop_at_exact_match=None,
     ),
 }
 

@@ -107,4 +107,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from hf_minitx.cli import run_cli
+
+    sys.exit(run_cli(main))

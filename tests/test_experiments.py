@@ -69,6 +69,7 @@ def test_inverse_sqrt_schedule_warms_up_then_decays():
     ({"task": "sort"}, "task"), ({"schedule": "step"}, "schedule"), ({"vocab_size": 5}, "vocab_size"),
     ({"min_length": 6, "max_length": 3}, "min_length"), ({"label_smoothing": 1.0}, "label_smoothing"),
     ({"steps": 0}, "steps"),
+    ({"initializer_range": 0.0}, "initializer_range"),
 ])
 def test_bad_settings_are_explained(kwargs, match):
     with pytest.raises(ValueError, match=match):
