@@ -40,14 +40,11 @@ class DeviceCheck:
 
 
 def _load(model_dir: Path, device: torch.device, dtype: torch.dtype):
-    """Tokenizer and eval-mode model from a saved folder (hf_minitx's own classes: importing this package
-    registered model_type "minitx" with the Auto classes)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+    """Tokenizer and eval-mode model from a saved folder."""
+    from .loading import load_model_folder
 
-    config = AutoConfig.from_pretrained(model_dir)
-    auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
-    model = auto.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-    return AutoTokenizer.from_pretrained(model_dir), model
+    model, tokenizer = load_model_folder(model_dir, device=device, dtype=dtype)
+    return tokenizer, model
 
 
 @torch.no_grad()

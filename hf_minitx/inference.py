@@ -6,17 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForSeq2SeqLM,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .device import pick_device, pick_dtype
 from .evaluation import generate_texts
+from .loading import load_model_folder
 
 
 def load_for_generation(
@@ -27,18 +20,7 @@ def load_for_generation(
     The model class follows the config: ``AutoModelForSeq2SeqLM`` for encoder-decoders, else
     ``AutoModelForCausalLM``. ``device``/``dtype`` default to the best the machine supports.
     """
-    folder = Path(model_dir)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{folder} is not a model folder (no config.json); pass the --output_dir of a training run")
-    if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
-        raise FileNotFoundError(f"{folder} holds no tokenizer (tokenizer.json); save the tokenizer next to the model")
-    chosen_device = pick_device(device)
-    chosen_dtype = pick_dtype(chosen_device, dtype)
-    config = AutoConfig.from_pretrained(folder)
-    auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
-    model = auto.from_pretrained(folder, dtype=chosen_dtype).to(chosen_device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    return model, tokenizer
+    return load_model_folder(model_dir, device=device, dtype=dtype)
 
 
 @torch.no_grad()

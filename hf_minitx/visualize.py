@@ -43,21 +43,10 @@ def load_for_inspection(model_dir: PathLike) -> tuple[Any, Any | None]:
     Returns (model in eval mode, tokenizer or None when the folder has no tokenizer files, e.g. a model
     trained on raw token ids such as the copy task).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+    from .loading import load_model_folder
 
-    import hf_minitx  # noqa: F401  (registers the Auto classes)
-
-    folder = Path(model_dir)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(
-            f"{folder} has no config.json; pass a folder written by save_pretrained (e.g. runs/kjv-gpt)."
-        )
-    config = AutoConfig.from_pretrained(folder)
-    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
-    model = auto.from_pretrained(folder, attn_implementation="eager").eval()
-    has_tokenizer = any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
-    tokenizer = AutoTokenizer.from_pretrained(folder) if has_tokenizer else None
-    return model, tokenizer
+    return load_model_folder(model_dir, device="cpu", dtype=torch.float32, attn_implementation="eager",
+                             need_tokenizer=False)
 
 
 def _as_model(model: Any, tokenizer: Any | None) -> tuple[Any, Any | None]:
