@@ -21,6 +21,7 @@ from transformers import get_scheduler
 
 from .configuration_minitx import MiniTxConfig
 from .modeling_minitx import MiniTxForConditionalGeneration, token_cross_entropy
+from .run_outputs import METRICS_FILE, append_metrics
 
 TASKS = ("copy", "reverse")
 SCHEDULES = ("inverse_sqrt", "constant_with_warmup", "cosine", "linear")  # names as in scripts/train.py
@@ -152,7 +153,7 @@ def run_experiment(config: ExperimentConfig) -> dict:
     out = Path(config.output_dir) if config.output_dir else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.jsonl").write_text("")
+        (out / METRICS_FILE).write_text("")
     torch.manual_seed(config.seed)
     model = MiniTxForConditionalGeneration(config.model_config())
     model.generation_config.max_length = None
@@ -164,8 +165,7 @@ def run_experiment(config: ExperimentConfig) -> dict:
 
     def log(record: dict) -> None:
         if out is not None:
-            with (out / "metrics.jsonl").open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            append_metrics(out, record)
 
     model.train()
     start = time.perf_counter()
