@@ -26,4 +26,4 @@ lint:
 	$(PYTHON) -m ruff check hf_minitx scripts tests
 
 demo: install
-	$(PYTHON) scripts/demo.py
+	$(PYTHON) -m hf_minitx demo

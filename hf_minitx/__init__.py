@@ -1,13 +1,23 @@
 """hf_minitx: a small, from-scratch Transformer that is a first-class Hugging Face model.
 
+The package is laid out as the architecture:
+
+- `hf_minitx.models`: the model, the Hub custom code (config, attention, positions, layers, modeling);
+- `hf_minitx.data`: corpora, the byte-level BPE tokenizer, tokenization and packing;
+- `hf_minitx.training`: arguments and presets, the training loop, loss, evaluation, checkpoints, run folders;
+- `hf_minitx.hub`: model folder checks, the model card, push and the clean-environment load check;
+- `hf_minitx.tools`: visualisation, the paper's toy experiments, the benchmark, the demo, the device check;
+- `hf_minitx.inference`: the one loader of saved folders, and generation from it;
+- `hf_minitx.cli`: the `minitx` command (also `python -m hf_minitx`).
+
 Importing the package registers `MiniTxConfig` and the models with transformers' Auto classes, so
 `AutoConfig`, `AutoModel`, `AutoModelForCausalLM` and `AutoModelForSeq2SeqLM` resolve `model_type="minitx"`.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-from .configuration_minitx import MiniTxConfig
-from .modeling_minitx import (
+from .models import (
+    MiniTxConfig,
     MiniTxForCausalLM,
     MiniTxForConditionalGeneration,
     MiniTxModel,

@@ -1,27 +1,134 @@
-"""What every command-line script shares: bad input ends in one clear line, not a traceback."""
+"""The `minitx` command (also `python -m hf_minitx`): one subcommand per job, one way of handling errors.
+
+    minitx train --task causal-lm --dataset builtin:pydocs --preset tiny --max_steps 50 --output_dir out
+    minitx generate --model out --prompt "def "
+    accelerate launch --multi_gpu --num_processes 2 -m hf_minitx train ...
+
+Every subcommand is a module with `main(argv)`; its arguments are dataclasses (a help line per field) read
+by `parse_arguments`, and `minitx SUB --help` lists them. Bad input ends in one `error: ...` line and exit
+code 2, never a traceback (set HF_MINITX_TRACEBACK=1 to see one).
+"""
 
 from __future__ import annotations
 
+import argparse
+import difflib
+import importlib
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, ImportError, KeyError)
+USER_ERRORS = (ValueError, OSError, ImportError, KeyError)  # OSError: files, and the Hub (HubError)
+EXIT_USAGE = 2
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """A subcommand: its name, one line of help, and the module whose `main(argv)` runs it."""
+
+    name: str
+    help: str
+    module: str
+
+
+SUBCOMMANDS = (
+    Subcommand("train", "train a decoder-only or encoder-decoder model with Accelerate", "hf_minitx.training.loop"),
+    Subcommand("generate", "generate with a saved model folder", "hf_minitx.inference"),
+    Subcommand("train-tokenizer", "train a byte-level BPE tokenizer on a corpus", "hf_minitx.data.tokenizer"),
+    Subcommand("push", "upload a model folder to the Hub, or stage and check it with --dry_run",
+               "hf_minitx.hub.push"),
+    Subcommand("visualize", "draw attention, positions, masks, parameters or training curves",
+               "hf_minitx.tools.visualize"),
+    Subcommand("experiment", "the paper's toy tasks (copy, reverse, post-LN vs pre-LN) and comparisons",
+               "hf_minitx.tools.experiments"),
+    Subcommand("benchmark", "hf_minitx side by side with GPT-2, BART and torch.nn.Transformer",
+               "hf_minitx.tools.benchmark"),
+    Subcommand("demo", "train a KJV language model and a number translator offline, then generate",
+               "hf_minitx.tools.demo"),
+    Subcommand("check-device", "compare a saved model on a GPU with the CPU, and cached generation",
+               "hf_minitx.tools.device_check"),
+)
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """argparse prints usage + error; we print one line that says where the help is."""
+
+    def error(self, message: str) -> None:  # noqa: D102
+        raise SystemExit(_fail(f"{message} (see `{self.prog} --help`)"))
+
+
+def parse_arguments(
+    types: Sequence[type], argv: Sequence[str] | None, *, prog: str, description: str | None = None,
+    defaults: dict[str, Any] | None = None,
+) -> tuple[Any, ...]:
+    """Parse `argv` into instances of the dataclasses `types` (transformers' HfArgumentParser).
+
+    `defaults` replaces field defaults (e.g. from an arguments file); unknown arguments are an error.
+    """
+    from transformers import HfArgumentParser
+
+    class Parser(HfArgumentParser, _OneLineErrorParser):
+        pass
+
+    parser = Parser(list(types), prog=prog, description=description,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    if defaults:
+        parser.set_defaults(**defaults)
+    return tuple(parser.parse_args_into_dataclasses(args=list(argv or [])))
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def run_cli(main: Callable[..., Any], *args: Any) -> int:
-    """Call `main(*args)`; print `error: ...` and return 2 for errors in what the user asked for.
-
-    Set HF_MINITX_TRACEBACK=1 to see the full traceback instead.
-    """
-    import os
-
+    """Call `main(*args)`; errors in what the user asked for print `error: ...` and return 2."""
     try:
         result = main(*args)
     except USER_ERRORS as error:
         if os.environ.get("HF_MINITX_TRACEBACK"):
             raise
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"error: {message}", file=sys.stderr)
-        return 2
-    return result if isinstance(result, int) else 0
+        return _fail(str(message))
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def _usage() -> str:
+    width = max(len(command.name) for command in SUBCOMMANDS)
+    lines = [f"  {command.name:<{width}}  {command.help}" for command in SUBCOMMANDS]
+    return ("usage: minitx SUBCOMMAND [ARGS ...]   (python -m hf_minitx works the same)\n\n"
+            "A small, from-scratch Transformer for the Hugging Face ecosystem.\n\nsubcommands:\n"
+            + "\n".join(lines) + "\n\n`minitx SUBCOMMAND --help` lists a subcommand's arguments, one line each.")
+
+
+def find_subcommand(name: str) -> Subcommand:
+    """The subcommand called `name`; a ValueError suggests the closest one."""
+    names = [command.name for command in SUBCOMMANDS]
+    for command in SUBCOMMANDS:
+        if command.name == name:
+            return command
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"did you mean `minitx {close[0]}`? " if close else ""
+    raise ValueError(f"unknown subcommand {name!r}; {hint}the subcommands are: {', '.join(names)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `minitx` and `python -m hf_minitx`; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else EXIT_USAGE
+    if argv[0] == "--version":
+        from . import __version__
+
+        print(f"hf_minitx {__version__}")
+        return 0
+    try:
+        command = find_subcommand(argv[0])
+    except ValueError as error:
+        return _fail(str(error))
+    module = importlib.import_module(command.module)
+    return run_cli(module.main, argv[1:])

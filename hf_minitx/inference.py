@@ -1,26 +1,59 @@
-"""Load a saved model folder with the Auto classes and generate text, for both model kinds."""
+"""Load a saved model folder on the best device and generate from it: the one loader every command uses.
+
+`load_model_folder` picks the Auto class the config asks for (`AutoModelForSeq2SeqLM` for encoder-decoders,
+else `AutoModelForCausalLM`); `generate` turns prompts into strings for either kind.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
-from .evaluation import generate_texts
-from .loading import load_model_folder
+from .device import pick_device, pick_dtype
+from .training.evaluation import generate_texts
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-def load_for_generation(
-    model_dir: str | Path, *, device: str | None = None, dtype: str | None = None
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Model (in eval mode, on the chosen device and dtype) and tokenizer from a saved folder.
+def load_model_folder(
+    model_dir: str | Path,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | str | None = None,
+    attn_implementation: str | None = None,
+    need_tokenizer: bool = True,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
+    """Eval-mode model and tokenizer (None when the folder has none and `need_tokenizer` is False).
 
-    The model class follows the config: ``AutoModelForSeq2SeqLM`` for encoder-decoders, else
-    ``AutoModelForCausalLM``. ``device``/``dtype`` default to the best the machine supports.
+    `AutoModelForSeq2SeqLM` for encoder-decoder configs, else `AutoModelForCausalLM`. `device`/`dtype`
+    default to the best the machine supports (see `hf_minitx.device`).
     """
-    return load_model_folder(model_dir, device=device, dtype=dtype)
+    folder = Path(model_dir)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} is not a model folder (no config.json); pass the --output_dir of a training run")
+    has_tokenizer = any((folder / name).is_file() for name in TOKENIZER_FILES)
+    if need_tokenizer and not has_tokenizer:
+        raise FileNotFoundError(f"{folder} holds no tokenizer (tokenizer.json); save the tokenizer next to the model")
+    chosen_device = device if isinstance(device, torch.device) else pick_device(device)
+    chosen_dtype = dtype if isinstance(dtype, torch.dtype) else pick_dtype(chosen_device, dtype)
+    config = AutoConfig.from_pretrained(folder)
+    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    model = auto.from_pretrained(folder, dtype=chosen_dtype, **extra).to(chosen_device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder) if has_tokenizer else None
+    return model, tokenizer
 
 
 @torch.no_grad()
@@ -49,3 +82,41 @@ def generate(
     output = model.generate(**encoded, **kwargs)  # (batch, prompt + new)
     new_tokens = output[:, encoded["input_ids"].shape[1]:]  # (batch, new)
     return tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+
+
+@dataclass
+class GenerateArguments:
+    """`minitx generate`: prompts in, one line out per prompt."""
+
+    model: str = field(metadata={"help": "a saved model folder (the --output_dir of a training run)"})
+    prompt: list[str] = field(metadata={"help": "one or more prompts (or sources to translate)"})
+    max_new_tokens: int | None = field(default=None, metadata={"help": "default: generation_config.json"})
+    do_sample: bool = field(default=False, metadata={
+        "help": "sample (default: what the model's generation_config.json says)"})
+    greedy: bool = field(default=False, metadata={"help": "greedy decoding (no sampling)"})
+    temperature: float | None = field(default=None, metadata={"help": "sampling temperature"})
+    top_k: int | None = field(default=None, metadata={"help": "sample among the k most likely tokens"})
+    top_p: float | None = field(default=None, metadata={"help": "nucleus sampling probability mass"})
+    num_beams: int | None = field(default=None, metadata={"help": "beam search width (implies no sampling)"})
+    seed: int = field(default=0, metadata={"help": "seed of the sampling"})
+    device: str = field(default="auto", metadata={"help": "auto (cuda -> mps -> cpu), cpu, cuda, cuda:N, mps"})
+    dtype: str = field(default="auto", metadata={"help": "auto, float32, bfloat16, float16"})
+
+
+def main(argv: Sequence[str] | None = None) -> list[str]:
+    """`minitx generate`: print and return one output per prompt."""
+    from .cli import parse_arguments
+
+    (args,) = parse_arguments([GenerateArguments], argv, prog="minitx generate",
+                              description="Generate with a saved hf_minitx model (decoder-only or encoder-decoder).")
+    if args.greedy and args.do_sample:
+        raise ValueError("--greedy and --do_sample contradict each other; give one of them")
+    model, tokenizer = load_model_folder(args.model, device=args.device, dtype=args.dtype)
+    do_sample = True if args.do_sample else False if args.greedy or (args.num_beams or 1) > 1 else None
+    outputs = generate(
+        model, tokenizer, args.prompt, seed=args.seed, max_new_tokens=args.max_new_tokens, do_sample=do_sample,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, num_beams=args.num_beams,
+    )
+    for prompt, output in zip(args.prompt, outputs, strict=True):
+        print(f"{prompt} -> {output}" if model.config.is_encoder_decoder else f"{prompt}{output}")
+    return outputs

@@ -1,4 +1,5 @@
-"""Scripts end bad input with one `error:` line and exit code 2, not a traceback."""
+"""The `minitx` command: every subcommand is listed, has a help line per argument, and ends bad input
+with one `error:` line and exit code 2, not a traceback; scripts/ wrap the same entry points."""
 
 import os
 import subprocess
@@ -7,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hf_minitx.cli import run_cli
+from hf_minitx.cli import SUBCOMMANDS, main, run_cli
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "scripts"
 
 
 def test_run_cli_turns_user_errors_into_exit_code_2(capsys):
@@ -29,19 +31,76 @@ def test_run_cli_lets_programming_errors_through():
         run_cli(broken)
 
 
+def test_help_lists_every_subcommand(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in ("train", "generate", "train-tokenizer", "push", "visualize", "experiment", "benchmark", "demo",
+                 "check-device"):
+        assert f"  {name} " in out
+    assert main([]) == 2  # no subcommand: usage, and a non-zero exit
+
+
+def test_unknown_subcommand_suggests_the_closest(capsys):
+    assert main(["trian"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unknown subcommand 'trian'") and "minitx train" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("name", [command.name for command in SUBCOMMANDS])
+def test_each_subcommand_has_one_help_line_per_argument(name, capsys):
+    argv = [name, "masks", "--help"] if name == "visualize" else [name, "--help"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: minitx {name}")
+    options = [line.split()[0] for line in out.splitlines() if line.startswith("  --")]
+    assert options, out
+    helped = [line for line in out.splitlines() if line.startswith("  --") and len(line.split()) > 2
+              or line.startswith(" " * 20) and line.strip()]
+    assert len(helped) >= len(options) - 1, out  # every option is followed by its help text
+
+
+def test_argument_errors_are_one_line_with_exit_code_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--model", "x", "--prompt", "a", "--top_k", "many"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: argument --top_k") and "minitx generate --help" in err and "\n" not in err
+
+
+def test_visualize_lists_its_pictures_and_refuses_unknown_ones(capsys):
+    main(["visualize", "--help"])
+    listing = capsys.readouterr().out
+    assert all(f"  {name} " in listing for name in ("attention", "positions", "training", "masks", "params"))
+    assert main(["visualize", "heatmap", "--out", "x.png"]) == 2
+    assert "unknown picture 'heatmap'" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "argv,message",
     [
         (["generate.py", "--model", "no/such/folder", "--prompt", "hi"], "is not a model folder"),
         (["train.py", "--dataset", "builtin:pydocs", "--preset", "nope", "--output_dir", "x"], "unknown preset 'nope'"),
+        (["-m", "hf_minitx", "experiment", "--compare", "colour", "a", "b", "--output_dir", "x"], "unknown field"),
     ],
 )
-def test_scripts_print_one_error_line(tmp_path, argv, message):
+def test_commands_print_one_error_line(tmp_path, argv, message):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("HF_MINITX_TRACEBACK", None)
-    result = subprocess.run([sys.executable, str(SCRIPTS / argv[0]), *argv[1:]], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120)
+    command = [sys.executable, *argv] if argv[0] == "-m" else [sys.executable, str(SCRIPTS / argv[0]), *argv[1:]]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and message in result.stderr
     assert result.stderr.lstrip().startswith("error:")
+
+
+def test_every_script_wraps_one_subcommand():
+    names = {command.name for command in SUBCOMMANDS}
+    for script in SCRIPTS.glob("*.py"):
+        if script.name.startswith("_"):
+            continue
+        text = script.read_text()
+        called = text.split('_minitx.run("')[1].split('"')[0]
+        assert called in names, script

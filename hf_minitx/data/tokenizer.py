@@ -1,0 +1,149 @@
+"""Train and load the byte-level BPE tokenizer used by hf_minitx.
+
+The tokenizer is a stock ``tokenizers`` byte-level BPE wrapped in a transformers fast tokenizer, so
+a saved folder loads with ``AutoTokenizer.from_pretrained(folder)`` and needs no custom code.
+
+Special tokens have fixed ids, so model configs can rely on them:
+``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2, ``<unk>`` = 3.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+PAD_TOKEN = "<pad>"
+BOS_TOKEN = "<bos>"
+EOS_TOKEN = "<eos>"
+UNK_TOKEN = "<unk>"
+# The order fixes the ids: the trainer gives special tokens the first ids, in this order.
+SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_TOKENS))
+
+
+def _post_processor(add_bos: bool, add_eos: bool) -> processors.TemplateProcessing:
+    """A template that wraps each sequence in the requested bos/eos tokens."""
+    single = " ".join(
+        ([f"{BOS_TOKEN}:0"] if add_bos else []) + ["$A:0"] + ([f"{EOS_TOKEN}:0"] if add_eos else [])
+    )
+    pair_b = " ".join(
+        ([f"{BOS_TOKEN}:1"] if add_bos else []) + ["$B:1"] + ([f"{EOS_TOKEN}:1"] if add_eos else [])
+    )
+    return processors.TemplateProcessing(
+        single=single,
+        pair=f"{single} {pair_b}",
+        special_tokens=[(BOS_TOKEN, BOS_ID), (EOS_TOKEN, EOS_ID)],
+    )
+
+
+def train_bpe_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int,
+    *,
+    min_frequency: int = 2,
+    model_max_length: int = 1024,
+    add_bos_token: bool = False,
+    add_eos_token: bool = False,
+    show_progress: bool = False,
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on ``texts`` and return it as a transformers fast tokenizer.
+
+    ``texts`` is consumed once, lazily: pass an iterator over a sample of a large corpus to keep
+    memory bounded. The 256 byte symbols are always in the vocabulary, so any Unicode text
+    round-trips through ``encode``/``decode``; no normalizer is applied for the same reason.
+    """
+    if vocab_size < len(SPECIAL_TOKENS) + 256:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: a byte-level BPE needs at least "
+            f"{len(SPECIAL_TOKENS) + 256} entries (256 bytes + {len(SPECIAL_TOKENS)} special tokens)."
+        )
+    backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=show_progress,
+    )
+    backend.train_from_iterator(iter(texts), trainer=trainer)
+    for token, expected in zip(SPECIAL_TOKENS, range(len(SPECIAL_TOKENS)), strict=True):
+        if backend.token_to_id(token) != expected:  # pragma: no cover - guards a tokenizers change
+            raise RuntimeError(f"special token {token} got id {backend.token_to_id(token)}, expected {expected}")
+    backend.post_processor = _post_processor(add_bos_token, add_eos_token)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        add_bos_token=add_bos_token,
+        add_eos_token=add_eos_token,
+        model_max_length=model_max_length,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def load_tokenizer(path_or_name: str) -> PreTrainedTokenizerFast:
+    """Load a saved tokenizer folder (or a cached Hub id) with ``AutoTokenizer``."""
+    return AutoTokenizer.from_pretrained(path_or_name)
+
+
+@dataclass
+class TokenizerArguments:
+    """`minitx train-tokenizer`: which corpus, which vocabulary size, where to save."""
+
+    output_dir: str = field(metadata={"help": "folder to write the tokenizer to"})
+    dataset: str = field(default="builtin:kjv", metadata={
+        "help": "builtin:NAME, a local file/glob/comma-separated list, a folder or a Hub id"})
+    dataset_config: str | None = field(default=None, metadata={"help": "config name passed to datasets.load_dataset"})
+    task: Literal["causal-lm", "seq2seq"] | None = field(default=None, metadata={
+        "help": "default: seq2seq for builtin seq2seq corpora or when source/target columns are given, else "
+                "causal-lm. seq2seq trains on source and target text"})
+    text_column: str = field(default="text", metadata={"help": "text column (causal-lm)"})
+    source_column: str | None = field(default=None, metadata={"help": "source column (seq2seq)"})
+    target_column: str | None = field(default=None, metadata={"help": "target column (seq2seq)"})
+    num_examples: int | None = field(default=None, metadata={"help": "size of generated builtin tasks"})
+    vocab_size: int = field(default=8192, metadata={"help": "vocabulary size, special tokens included"})
+    min_frequency: int = field(default=2, metadata={"help": "minimum pair count for a merge"})
+    max_texts: int | None = field(default=None, metadata={
+        "help": "train on a sample of at most this many texts (rows) of the train split"})
+    model_max_length: int = field(default=1024, metadata={"help": "saved model_max_length"})
+    seed: int = field(default=42, metadata={"help": "seed of the validation carve-out and sampling"})
+    streaming: bool = field(default=False, metadata={"help": "stream the corpus (use with --max_texts)"})
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+    """`minitx train-tokenizer`: train and save the tokenizer; returns the output folder."""
+    from ..cli import parse_arguments
+    from .corpus import corpus_task, iter_training_texts, load_corpus
+
+    (args,) = parse_arguments([TokenizerArguments], argv, prog="minitx train-tokenizer", description=(
+        "Train hf_minitx's byte-level BPE on a corpus and save it as a stock transformers tokenizer folder "
+        "(loads with AutoTokenizer.from_pretrained, no custom code)."))
+    task = args.task or corpus_task(args.dataset) or (
+        "seq2seq" if args.source_column or args.target_column else "causal-lm"
+    )
+    corpus = load_corpus(
+        args.dataset, task=task, dataset_config=args.dataset_config, text_column=args.text_column,
+        source_column=args.source_column, target_column=args.target_column, seed=args.seed,
+        streaming=args.streaming, num_examples=args.num_examples,
+    )
+    start = time.perf_counter()
+    tokenizer = train_bpe_tokenizer(
+        iter_training_texts(corpus["train"], max_texts=args.max_texts, seed=args.seed),
+        args.vocab_size, min_frequency=args.min_frequency, model_max_length=args.model_max_length,
+    )
+    output_dir = Path(args.output_dir)
+    tokenizer.save_pretrained(output_dir)
+    print(f"trained a {len(tokenizer)}-token BPE on {args.dataset} ({task}) in "
+          f"{time.perf_counter() - start:.1f}s; saved to {output_dir}")
+    return output_dir

@@ -1,0 +1,271 @@
+"""Share a trained model on the Hugging Face Hub: stage, check, and upload a model folder.
+
+- `stage_for_upload(model_dir, staging_dir)` copies exactly the files that would be uploaded (weights,
+  config, generation config, tokenizer, custom code, training records) and writes a fresh model card.
+- `check_loads_without_package(folder)` loads a folder with `trust_remote_code=True` in a fresh Python
+  process where hf_minitx cannot be imported, and generates: what a Hub user without hf_minitx gets.
+- `dry_run(model_dir, staging_dir)` = stage + check; `push_to_hub(model_dir, repo_id)` = stage + upload
+  with huggingface_hub (`create_repo(exist_ok=True)`, then `upload_folder`).
+- The card helpers (`render_model_card`, `write_model_card`, `check_model_card`) and the folder checks
+  (`verify_model_folder`) are in `hf_minitx.hub.card` and `hf_minitx.hub.folder`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .card import check_model_card, render_model_card, write_model_card
+from .folder import ModelFolderError, ModelFolderInfo, verify_model_folder
+
+# Training records shared alongside the model when the folder has them.
+RECORD_FILES = ("training_summary.json", "metrics.jsonl", "loss_curve.png")
+CARD_FILE = "README.md"
+RESULT_PREFIX = "REMOTE_LOAD_RESULT "
+
+
+class HubError(OSError):
+    """Uploading cannot start or failed; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class RemoteLoadResult:
+    """What the package-free loading check saw (see `check_loads_without_package`)."""
+
+    model_class: str
+    config_class: str
+    tokenizer_class: str
+    output_ids: list[int]
+    num_new_tokens: int
+    text: str
+
+
+def check_repo_id(repo_id: str) -> str:
+    """Return `repo_id` if it is a valid "owner/name" Hub id; raise ValueError explaining the format otherwise."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    example = "e.g. --repo_id your-username/kjv-gpt"
+    if not isinstance(repo_id, str) or repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise ValueError(f"repo_id {repo_id!r} must look like OWNER/NAME (your user or organisation, a slash, "
+                         f"and the model name), {example}.")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise ValueError(f"repo_id {repo_id!r} is not a valid Hub id: {error} ({example}).") from None
+    return repo_id
+
+
+def resolve_token(token: str | None = None) -> str:
+    """The token to upload with: `token`, else HF_TOKEN or the one saved by `hf auth login`."""
+    from huggingface_hub import get_token
+
+    found = token or get_token()
+    if not found:
+        raise HubError(
+            "No Hugging Face token found. Log in once with `hf auth login`, or set HF_TOKEN to a token with "
+            "write access (create one at https://huggingface.co/settings/tokens), then run the upload again."
+        )
+    return found
+
+
+def files_to_upload(info: ModelFolderInfo) -> list[str]:
+    """Relative names of the files shared from a checked model folder (the card is written separately)."""
+    names = ["config.json", *info.weight_files, *info.code_files, *info.tokenizer_files]
+    optional = ["generation_config.json", *RECORD_FILES]
+    names += [name for name in optional if (info.path / name).is_file()]
+    return list(dict.fromkeys(names))
+
+
+def stage_for_upload(
+    model_dir: str | Path,
+    staging_dir: str | Path,
+    *,
+    repo_id: str | None = None,
+    kind: str | None = None,
+    license: str = "apache-2.0",
+) -> Path:
+    """Copy what would be uploaded from `model_dir` into `staging_dir` and write its model card.
+
+    Checks the folder first (`verify_model_folder`); `staging_dir` must be absent or empty. The card
+    is rendered afresh, with `repo_id` in its usage snippets. Returns the staging folder.
+    """
+    info = verify_model_folder(model_dir, kind)
+    staging = Path(staging_dir)
+    if staging.exists() and (not staging.is_dir() or any(staging.iterdir())):
+        raise ValueError(f"staging folder {staging} already exists and is not empty; pass a new or empty folder.")
+    if staging.resolve() == info.path.resolve():
+        raise ValueError("the staging folder must differ from the model folder.")
+    staging.mkdir(parents=True, exist_ok=True)
+    for name in files_to_upload(info):
+        shutil.copy2(info.path / name, staging / name)
+    text = render_model_card(staging, repo_id=repo_id, license=license)
+    check_model_card(text)
+    (staging / CARD_FILE).write_text(text, encoding="utf-8")
+    return staging
+
+
+def _default_prompt(folder: Path) -> str:
+    """A prompt for the smoke generation: the first recorded sample prompt, else a neutral phrase."""
+    summary_path = folder / "training_summary.json"
+    if summary_path.is_file():
+        samples = json.loads(summary_path.read_text(encoding="utf-8")).get("sample_generations") or []
+        if samples and isinstance(samples[0], dict) and samples[0].get("prompt"):
+            return str(samples[0]["prompt"])
+    return "The"
+
+
+def check_loads_without_package(
+    folder: str | Path, *, prompt: str | None = None, max_new_tokens: int = 8, timeout: float = 300.0
+) -> RemoteLoadResult:
+    """Load `folder` with AutoConfig/AutoTokenizer/AutoModelFor* (trust_remote_code=True) and generate,
+    in a fresh Python process that cannot import hf_minitx and starts in an empty temporary directory.
+
+    Raises HubError with the child's error output when loading or generating fails.
+    """
+    folder = Path(folder).resolve()
+    script = (Path(__file__).parent / "remote_check.py").read_text(encoding="utf-8")
+    prompt = prompt if prompt is not None else _default_prompt(folder)
+    with tempfile.TemporaryDirectory(prefix="minitx-remote-check-") as workdir:
+        env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+        env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(Path(workdir) / "modules"), TOKENIZERS_PARALLELISM="false")
+        try:
+            completed = subprocess.run(
+                [sys.executable, "-c", script, str(folder), prompt, str(max_new_tokens)],
+                cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            raise HubError(f"loading {folder} without hf_minitx took longer than {timeout:.0f} s; "
+                           "try a smaller max_new_tokens or check the machine's load.") from None
+    lines = [line for line in completed.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if completed.returncode != 0 or not lines:
+        raise HubError(f"{folder} does not load without hf_minitx installed (exit code {completed.returncode}):\n"
+                       f"{completed.stderr.strip()[-3000:]}")
+    data = json.loads(lines[-1][len(RESULT_PREFIX):])
+    if not data.pop("hf_minitx_blocked"):
+        raise HubError("the isolation check could import hf_minitx, so it proves nothing; please report this.")
+    if data["model_class"].split(".")[0] != "transformers_modules":
+        raise HubError(f"{folder} loaded {data['model_class']}, not the code stored in the folder.")
+    return RemoteLoadResult(**data)
+
+
+def dry_run(
+    model_dir: str | Path,
+    staging_dir: str | Path,
+    *,
+    repo_id: str | None = None,
+    prompt: str | None = None,
+    max_new_tokens: int = 8,
+) -> tuple[Path, RemoteLoadResult]:
+    """Stage the upload into `staging_dir` and prove the staged folder loads and generates without hf_minitx."""
+    if repo_id is not None:
+        check_repo_id(repo_id)
+    staging = stage_for_upload(model_dir, staging_dir, repo_id=repo_id)
+    return staging, check_loads_without_package(staging, prompt=prompt, max_new_tokens=max_new_tokens)
+
+
+def push_to_hub(
+    model_dir: str | Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    token: str | None = None,
+) -> str:
+    """Upload a model folder to the Hub repo `repo_id` ("owner/name"); returns the commit URL.
+
+    Everything is checked before any network call: the repo id, the token, offline mode and the folder.
+    The repo is created if missing (`private` applies then), `revision` names a branch (created if
+    missing), and the staged folder is sent with one `upload_folder` commit.
+    """
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import HfHubHTTPError
+
+    check_repo_id(repo_id)
+    token = resolve_token(token)
+    if constants.is_offline_mode():
+        raise HubError("HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set, so nothing can be uploaded; unset it "
+                       "and run again, or use --dry_run STAGING_DIR to check the folder offline.")
+    with tempfile.TemporaryDirectory(prefix="minitx-upload-") as workdir:
+        staging = stage_for_upload(model_dir, Path(workdir) / "stage", repo_id=repo_id)  # checks the folder
+        api = HfApi(token=token)
+        try:
+            api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
+            if revision:
+                api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
+            commit = api.upload_folder(
+                repo_id=repo_id, folder_path=staging, repo_type="model", revision=revision,
+                commit_message=commit_message or f"Upload {Path(model_dir).name} (hf_minitx)",
+            )
+        except HfHubHTTPError as error:
+            status = getattr(error.response, "status_code", None)
+            hint = {401: "the token was rejected; log in again with `hf auth login`",
+                    403: "the token cannot write to this repo; use a token with write access, or a repo you own"}
+            raise HubError(f"upload to {repo_id} failed: {hint.get(status, error)}.") from error
+    return commit.commit_url
+
+
+@dataclass
+class PushArguments:
+    """`minitx push`: upload a saved model folder, or stage and check it offline with --dry_run."""
+
+    model_dir: str = field(metadata={"help": "folder written by training / save_pretrained"})
+    repo_id: str | None = field(default=None, metadata={
+        "help": "Hub repo as OWNER/NAME, e.g. your-username/kjv-gpt (needed to upload)"})
+    private: bool = field(default=False, metadata={"help": "create the repo as private (when it is new)"})
+    revision: str | None = field(default=None, metadata={"help": "branch to upload to (created if missing)"})
+    commit_message: str | None = field(default=None, metadata={"help": "message of the upload commit"})
+    dry_run: str | None = field(default=None, metadata={
+        "help": "STAGING_DIR: upload nothing; write exactly what would be uploaded there and check that it loads "
+                "and generates with trust_remote_code=True where hf_minitx is not installed"})
+    prompt: str | None = field(default=None, metadata={
+        "help": "prompt for the --dry_run generation check (default: a training sample)"})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`minitx push`: upload, or stage and check with --dry_run; problems raise one clear error."""
+    from ..cli import parse_arguments
+
+    (args,) = parse_arguments([PushArguments], argv, prog="minitx push", description=(
+        "Upload a saved hf_minitx model folder to the Hugging Face Hub (weights, config, generation config, "
+        "tokenizer, custom code and a model card), or check it offline with --dry_run STAGING_DIR."))
+    if args.dry_run:
+        staging, result = dry_run(args.model_dir, args.dry_run, repo_id=args.repo_id, prompt=args.prompt)
+        files = sorted(path.name for path in staging.iterdir())
+        print(f"staged {len(files)} files in {staging}: {', '.join(files)}")
+        print(f"loaded without hf_minitx as {result.model_class.rsplit('.', 1)[-1]} (code from the folder); "
+              f"generated {result.num_new_tokens} tokens: {result.text!r}")
+        print("dry run passed: nothing was uploaded.")
+        return 0
+    if not args.repo_id:
+        raise ValueError("--repo_id OWNER/NAME is required to upload (or pass --dry_run STAGING_DIR)")
+    url = push_to_hub(args.model_dir, args.repo_id, private=args.private, revision=args.revision,
+                      commit_message=args.commit_message)
+    print(f"uploaded {args.model_dir} to https://huggingface.co/{args.repo_id} ({url})")
+    return 0
+
+
+__all__ = [
+    "HubError",
+    "ModelFolderError",
+    "ModelFolderInfo",
+    "RemoteLoadResult",
+    "check_repo_id",
+    "resolve_token",
+    "files_to_upload",
+    "stage_for_upload",
+    "check_loads_without_package",
+    "dry_run",
+    "push_to_hub",
+    "render_model_card",
+    "write_model_card",
+    "check_model_card",
+    "verify_model_folder",
+]

@@ -1,0 +1,18 @@
+"""The model: the five files `save_pretrained` copies next to the weights as Hub custom code.
+
+They import only torch, transformers and each other (`from .x import y`), so a saved folder loads with
+`trust_remote_code=True` where hf_minitx is not installed.
+"""
+
+from .configuration_minitx import MiniTxConfig
+from .modeling_minitx import (
+           MiniTxForCausalLM,
+           MiniTxForConditionalGeneration,
+           MiniTxModel,
+           MiniTxPreTrainedModel,
+)
+
+MODEL_FILES = ("configuration_minitx", "attention_minitx", "positions_minitx", "layers_minitx", "modeling_minitx")
+
+__all__ = ["MODEL_FILES", "MiniTxConfig", "MiniTxPreTrainedModel", "MiniTxModel", "MiniTxForCausalLM",
+           "MiniTxForConditionalGeneration"]

@@ -1,0 +1,589 @@
+"""Side-by-side speed and memory benchmark of hf_minitx against the implementations users would otherwise pick.
+
+Every workload builds all its implementations at one shared shape, then times them round-robin in one process,
+rotating the order every round so drift in machine load hits every implementation alike. Figures are medians
+over rounds; ratios are paired (implementation / reference within the same round), then the median is taken.
+
+Workloads:
+- `train_causal`: decoder-only training step (forward + backward + AdamW), hf_minitx (sdpa, eager) vs
+  transformers' `GPT2LMHeadModel` (sdpa) at the same dimensions and parameter count.
+- `train_seq2seq`: encoder-decoder training step, hf_minitx vs `BartForConditionalGeneration` and
+  `torch.nn.Transformer` (with embeddings and a tied output layer).
+- `generate_b1` / `generate_b8`: greedy generation with a KV cache (EOS cannot stop it early), hf_minitx vs
+  GPT-2 `generate()`; at batch 1 also both without a cache (each model's cache speed-up).
+- `memory`: peak memory of a few training steps, each implementation in a fresh subprocess.
+- `mfu` (CUDA only): model FLOPs utilisation at a GPT-2-small shape in bf16, eager and `torch.compile`d.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+from torch import nn
+
+# Workload name -> (reference implementation, implementations) in the order they are built.
+WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "train_causal": ("gpt2", ("gpt2", "gpt2-gelu", "minitx-sdpa", "minitx-eager")),
+    "train_seq2seq": ("bart", ("bart", "torch-transformer", "minitx-seq2seq")),
+    "generate_b1": ("gpt2", ("gpt2", "minitx", "minitx-no-cache", "gpt2-no-cache")),
+    "generate_b8": ("gpt2", ("gpt2", "minitx")),
+}
+MEMORY_IMPLEMENTATIONS = ("gpt2", "minitx-sdpa", "minitx-eager", "bart", "torch-transformer", "minitx-seq2seq")
+# Dense bf16 tensor-core peak (FLOP/s) by GPU name fragment, for MFU.
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12}
+
+
+@dataclass(frozen=True)
+class BenchmarkShape:
+    """The one shape every implementation is built at (all overridable from the command line)."""
+
+    vocab_size: int = 8192
+    context: int = 256
+    layers: int = 6
+    hidden: int = 384
+    heads: int = 6
+    ffn_mult: int = 4
+    batch: int = 8
+    seq2seq_len: int = 64
+    prompt_len: int = 32
+    new_tokens: int = 256
+
+    def check(self) -> None:
+        """Raise ValueError for a shape no model can be built from."""
+        for name, value in asdict(self).items():
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"Benchmark shape: {name} must be a positive integer, got {value!r}.")
+        if self.hidden % self.heads:
+            raise ValueError(f"Benchmark shape: hidden ({self.hidden}) must be divisible by heads ({self.heads}).")
+        if self.layers < 2:
+            raise ValueError("Benchmark shape: layers must be at least 2 (seq2seq models split them encoder/decoder).")
+        if self.vocab_size < 8:
+            raise ValueError("Benchmark shape: vocab_size must be at least 8 (ids 0-3 are special tokens).")
+
+    @property
+    def positions(self) -> int:
+        """Position table size: long enough for training and for prompt + generated tokens."""
+        return max(self.context, self.seq2seq_len, self.prompt_len + self.new_tokens)
+
+
+QUICK_SHAPE = BenchmarkShape(vocab_size=2048, context=128, layers=2, hidden=128, heads=4, batch=4,
+                             seq2seq_len=32, prompt_len=16, new_tokens=64)
+
+
+# ----------------------------------------------------------------------------------------------- models
+
+
+def minitx_causal(shape: BenchmarkShape, attn: str = "sdpa") -> nn.Module:
+    """hf_minitx decoder-only model configured like GPT-2: learned positions, pre-LN, gelu, tied, biases."""
+    from ..models.configuration_minitx import MiniTxConfig
+    from ..models.modeling_minitx import MiniTxForCausalLM
+
+    config = MiniTxConfig(
+        vocab_size=shape.vocab_size, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads, intermediate_size=shape.ffn_mult * shape.hidden,
+        max_position_embeddings=shape.positions, hidden_act="gelu", norm_position="pre",
+        position_embedding_type="learned", attention_bias=True, tie_word_embeddings=True,
+        hidden_dropout=0.0, attention_dropout=0.0, attn_implementation=attn,
+    )
+    return MiniTxForCausalLM(config)
+
+
+def gpt2(shape: BenchmarkShape, activation: str = "gelu_new") -> nn.Module:
+    """transformers' GPT2LMHeadModel (sdpa) at the shared shape; `activation` "gelu_new" is GPT-2's default."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=shape.vocab_size, n_positions=shape.positions, n_embd=shape.hidden, n_layer=shape.layers,
+        n_head=shape.heads, n_inner=shape.ffn_mult * shape.hidden, activation_function=activation,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        attn_implementation="sdpa",
+    )
+    return GPT2LMHeadModel(config)
+
+
+def minitx_seq2seq(shape: BenchmarkShape) -> nn.Module:
+    """hf_minitx encoder-decoder like BART: post-LN, learned positions, gelu, tied, layers split evenly."""
+    from ..models.configuration_minitx import MiniTxConfig
+    from ..models.modeling_minitx import MiniTxForConditionalGeneration
+
+    config = MiniTxConfig(
+        vocab_size=shape.vocab_size, hidden_size=shape.hidden, num_attention_heads=shape.heads,
+        intermediate_size=shape.ffn_mult * shape.hidden, max_position_embeddings=shape.positions,
+        is_encoder_decoder=True, num_encoder_layers=shape.layers // 2, num_decoder_layers=shape.layers // 2,
+        num_hidden_layers=shape.layers // 2, hidden_act="gelu", norm_position="post",
+        position_embedding_type="learned", attention_bias=True, tie_word_embeddings=True,
+        hidden_dropout=0.0, attention_dropout=0.0, attn_implementation="sdpa",
+    )
+    return MiniTxForConditionalGeneration(config)
+
+
+def bart(shape: BenchmarkShape) -> nn.Module:
+    """transformers' BartForConditionalGeneration (sdpa) at the shared shape."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    config = BartConfig(
+        vocab_size=shape.vocab_size, max_position_embeddings=shape.positions, d_model=shape.hidden,
+        encoder_layers=shape.layers // 2, decoder_layers=shape.layers // 2, encoder_attention_heads=shape.heads,
+        decoder_attention_heads=shape.heads, encoder_ffn_dim=shape.ffn_mult * shape.hidden,
+        decoder_ffn_dim=shape.ffn_mult * shape.hidden, activation_function="gelu", dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        decoder_start_token_id=1, forced_eos_token_id=None, attn_implementation="sdpa",
+    )
+    return BartForConditionalGeneration(config)
+
+
+class TorchTransformerSeq2Seq(nn.Module):
+    """`torch.nn.Transformer` with token + learned position embeddings and a tied output layer."""
+
+    def __init__(self, shape: BenchmarkShape):
+        super().__init__()
+        self.embed = nn.Embedding(shape.vocab_size, shape.hidden)
+        self.positions = nn.Embedding(shape.positions, shape.hidden)
+        self.transformer = nn.Transformer(
+            d_model=shape.hidden, nhead=shape.heads, num_encoder_layers=shape.layers // 2,
+            num_decoder_layers=shape.layers // 2, dim_feedforward=shape.ffn_mult * shape.hidden, dropout=0.0,
+            activation="gelu", batch_first=True,
+        )
+        # GPT-style 0.02 init, as the other models: nn.Embedding's N(0, 1) gives saturated softmax outputs whose
+        # denormal gradients slow the output-layer matmuls down 100-fold on CPU.
+        nn.init.normal_(self.embed.weight, std=0.02)
+        nn.init.normal_(self.positions.weight, std=0.02)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(ids) + self.positions.weight[: ids.size(1)]  # (batch, seq, hidden)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Source (batch, src) and labels (batch, tgt) -> mean cross-entropy (teacher forcing, start id 1)."""
+        decoder_ids = torch.cat([torch.ones_like(labels[:, :1]), labels[:, :-1]], dim=1)  # (batch, tgt)
+        tgt_mask = nn.Transformer.generate_square_subsequent_mask(labels.size(1), device=labels.device)
+        states = self.transformer(self._embed(input_ids), self._embed(decoder_ids), tgt_mask=tgt_mask,
+                                  tgt_is_causal=True)  # (batch, tgt, hidden)
+        logits = nn.functional.linear(states, self.embed.weight)  # (batch, tgt, vocab)
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
+
+
+def build(name: str, shape: BenchmarkShape) -> nn.Module:
+    """Build one implementation by its benchmark name, seeded so every run starts from the same weights."""
+    torch.manual_seed(0)
+    builders: dict[str, Callable[[], nn.Module]] = {
+        "gpt2": lambda: gpt2(shape),
+        "gpt2-gelu": lambda: gpt2(shape, activation="gelu"),
+        "gpt2-no-cache": lambda: gpt2(shape),
+        "minitx-sdpa": lambda: minitx_causal(shape, "sdpa"),
+        "minitx-eager": lambda: minitx_causal(shape, "eager"),
+        "minitx": lambda: minitx_causal(shape, "sdpa"),
+        "minitx-no-cache": lambda: minitx_causal(shape, "sdpa"),
+        "bart": lambda: bart(shape),
+        "minitx-seq2seq": lambda: minitx_seq2seq(shape),
+        "torch-transformer": lambda: TorchTransformerSeq2Seq(shape),
+    }
+    if name not in builders:
+        raise ValueError(f"Unknown implementation {name!r}; choose one of {sorted(builders)}.")
+    return builders[name]()
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct trainable parameters (a tied matrix counts once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
+
+
+# ----------------------------------------------------------------------------------------------- steps
+
+
+def random_ids(batch: int, seq: int, vocab: int, generator: torch.Generator, device: str) -> torch.Tensor:
+    """(batch, seq) token ids avoiding the special ids 0-3."""
+    return torch.randint(4, vocab, (batch, seq), generator=generator).to(device)
+
+
+def training_step(name: str, shape: BenchmarkShape, device: str = "cpu") -> tuple[Callable[[], int], nn.Module]:
+    """Build `name` and return (step, model); step() runs forward + backward + AdamW and returns tokens used."""
+    model = build(name, shape).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(1)
+    if name in ("bart", "minitx-seq2seq", "torch-transformer"):
+        source = random_ids(shape.batch, shape.seq2seq_len, shape.vocab_size, gen, device)
+        target = random_ids(shape.batch, shape.seq2seq_len, shape.vocab_size, gen, device)
+        if name == "torch-transformer":
+            def loss_fn() -> torch.Tensor:
+                return model(source, target)
+        else:
+            def loss_fn() -> torch.Tensor:
+                return model(input_ids=source, labels=target).loss
+        tokens = source.numel() + target.numel()
+    else:
+        ids = random_ids(shape.batch, shape.context, shape.vocab_size, gen, device)
+
+        def loss_fn() -> torch.Tensor:
+            return model(input_ids=ids, labels=ids).loss
+        tokens = ids.numel()
+
+    def step() -> int:
+        loss = loss_fn()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise RuntimeError(f"{name}: training loss is not finite ({value}).")
+        return tokens
+
+    return step, model
+
+
+def generation_step(name: str, shape: BenchmarkShape, batch: int, device: str = "cpu") -> Callable[[], int]:
+    """Return step(): one greedy generate() call of exactly `shape.new_tokens` tokens; returns tokens made."""
+    model = build(name, shape).to(device).eval()
+    gen = torch.Generator().manual_seed(2)
+    prompt = random_ids(batch, shape.prompt_len, shape.vocab_size, gen, device)
+    mask = torch.ones_like(prompt)
+    use_cache = not name.endswith("no-cache")
+
+    def step() -> int:
+        out = model.generate(
+            input_ids=prompt, attention_mask=mask, max_new_tokens=shape.new_tokens, min_new_tokens=shape.new_tokens,
+            do_sample=False, use_cache=use_cache, pad_token_id=0, eos_token_id=2,
+        )
+        made = out.shape[1] - prompt.shape[1]
+        if made != shape.new_tokens:
+            raise RuntimeError(f"{name}: generated {made} tokens, expected {shape.new_tokens}.")
+        return batch * made
+
+    return step
+
+
+# ----------------------------------------------------------------------------------------------- timing
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def interleaved(steps: dict[str, Callable[[], int]], rounds: int, repeats: int, warmup: int,
+                device: str = "cpu") -> dict[str, list[float]]:
+    """Time each step round-robin; round r starts at implementation r mod n. Returns tokens/s per round."""
+    names = list(steps)
+    for name in names:
+        for _ in range(warmup):
+            steps[name]()
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            _sync(device)
+            start = time.perf_counter()
+            tokens = sum(steps[name]() for _ in range(repeats))
+            _sync(device)
+            rates[name].append(tokens / (time.perf_counter() - start))
+    return rates
+
+
+def summarize(rates: dict[str, list[float]], reference: str) -> dict[str, dict[str, float]]:
+    """Median tokens/s and the median of per-round ratios to `reference` for every implementation."""
+    out = {}
+    for name, values in rates.items():
+        ratios = [v / ref for v, ref in zip(values, rates[reference], strict=True)]
+        out[name] = {
+            "tokens_per_second": statistics.median(values),
+            "ratio_vs_reference": statistics.median(ratios),
+            "rounds": len(values),
+        }
+    return out
+
+
+def run_workload(workload: str, shape: BenchmarkShape, rounds: int, repeats: int, warmup: int,
+                 device: str = "cpu") -> dict:
+    """Build every implementation of `workload`, time them interleaved, and summarise."""
+    reference, names = WORKLOADS[workload]
+    params: dict[str, int] = {}
+    if workload.startswith("train"):
+        steps = {}
+        for name in names:
+            steps[name], model = training_step(name, shape, device)
+            params[name] = count_parameters(model)
+    else:
+        batch = 1 if workload == "generate_b1" else shape.batch
+        steps = {name: generation_step(name, shape, batch, device) for name in names}
+    rates = interleaved(steps, rounds, repeats, warmup, device)
+    result = {"reference": reference, "implementations": summarize(rates, reference), "raw_tokens_per_second": rates}
+    if params:
+        result["parameters"] = params
+    if workload == "generate_b1":
+        cached, uncached = rates["minitx"], rates["minitx-no-cache"]
+        result["minitx_cache_speedup"] = statistics.median(c / u for c, u in zip(cached, uncached, strict=True))
+        cached, uncached = rates["gpt2"], rates["gpt2-no-cache"]
+        result["gpt2_cache_speedup"] = statistics.median(c / u for c, u in zip(cached, uncached, strict=True))
+    return result
+
+
+# ----------------------------------------------------------------------------------------------- memory
+
+
+def _status_bytes(field: str) -> int | None:
+    """A memory line of /proc/self/status (Linux) in bytes, or None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            line = next(line for line in f if line.startswith(field + ":"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) * 1024  # "VmHWM:  123456 kB"
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark (Linux: write 5 to clear_refs), so import spikes are not counted."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def _peak_rss_bytes() -> int:
+    peak = _status_bytes("VmHWM")
+    if peak is not None:
+        return peak
+    import resource
+
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def memory_probe(name: str, shape: BenchmarkShape, steps: int = 2, device: str = "cpu") -> dict[str, float]:
+    """Peak memory of `steps` training steps of `name` in this process (meant to be a fresh subprocess).
+
+    CPU: peak resident set size, and its growth over the resident size after imports (the peak mark is reset
+    after imports where the OS allows it). CUDA: max_memory_allocated.
+    """
+    import transformers  # noqa: F401  (imported before the baseline so every implementation pays it alike)
+
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        step, _ = training_step(name, shape, device)
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        return {"peak_bytes": float(torch.cuda.max_memory_allocated()), "kind": "cuda_max_memory_allocated"}
+    reset = _reset_peak_rss()
+    baseline = _status_bytes("VmRSS") if reset else _peak_rss_bytes()
+    step, _ = training_step(name, shape, device)
+    for _ in range(steps):
+        step()
+    peak = _peak_rss_bytes()
+    return {"peak_bytes": float(peak), "growth_bytes": float(peak - baseline), "kind": "peak_rss",
+            "peak_reset_after_imports": reset}
+
+
+def measure_memory(shape: BenchmarkShape, threads: int, device: str = "cpu",
+                   names: tuple[str, ...] = MEMORY_IMPLEMENTATIONS) -> dict[str, dict[str, float]]:
+    """Run `memory_probe` for each implementation in a fresh Python subprocess."""
+    results = {}
+    for name in names:
+        code = (
+            "import json, sys, torch; from hf_minitx.tools.benchmark import BenchmarkShape, memory_probe; "
+            f"torch.set_num_threads({threads}); "
+            f"print(json.dumps(memory_probe({name!r}, BenchmarkShape(**{asdict(shape)!r}), device={device!r})))"
+        )
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"memory probe of {name} failed:\n{done.stderr[-2000:]}")
+        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    return results
+
+
+# ----------------------------------------------------------------------------------------------- MFU (CUDA)
+
+
+def training_flops_per_token(model: nn.Module, layers: int, hidden: int, context: int) -> float:
+    """6·N for the weights' matmuls (forward + backward) plus 12·layers·hidden·context for attention scores."""
+    return 6.0 * count_parameters(model) + 12.0 * layers * hidden * context
+
+
+def measure_mfu(compile_model: bool, steps: int = 10, batch: int = 8, peak_flops: float | None = None) -> dict:
+    """MFU of hf_minitx training at the GPT-2-small shape (124M, context 1024) in bf16 autocast on CUDA."""
+    shape = BenchmarkShape(vocab_size=50304, context=1024, layers=12, hidden=768, heads=12, batch=batch,
+                           prompt_len=1, new_tokens=1)
+    name = torch.cuda.get_device_name()
+    peak = peak_flops or next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    if peak is None:
+        raise ValueError(f"Unknown peak bf16 FLOP/s for GPU {name!r}; pass --peak-tflops.")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    model = build("minitx-sdpa", shape).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    forward = torch.compile(model) if compile_model else model
+    ids = torch.randint(4, shape.vocab_size, (batch, shape.context), device="cuda")
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = forward(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    flops = training_flops_per_token(model, shape.layers, shape.hidden, shape.context) * ids.numel()
+    return {"gpu": name, "compiled": compile_model, "step_seconds": seconds,
+            "tokens_per_second": ids.numel() / seconds, "mfu": flops / seconds / peak, "peak_flops": peak}
+
+
+# ----------------------------------------------------------------------------------------------- driver
+
+
+def machine_description(threads: int, device: str) -> dict:
+    """CPU model, cores, load average, library versions: the context any figure needs."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    info = {
+        "cpu": cpu, "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "torch_threads": threads, "device": device, "python": platform.python_version(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "platform": platform.platform(),
+    }
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def run_benchmark(shape: BenchmarkShape, *, rounds: int = 5, repeats: int = 1, warmup: int = 1, threads: int = 1,
+                  device: str = "cpu", workloads: tuple[str, ...] = tuple(WORKLOADS), memory: bool = True,
+                  mfu: bool = True, log: Callable[[str], None] = print) -> dict:
+    """Run the chosen workloads and return every figure as a JSON-ready dict."""
+    shape.check()
+    unknown = set(workloads) - set(WORKLOADS)
+    if unknown:
+        raise ValueError(f"Unknown workloads {sorted(unknown)}; choose from {list(WORKLOADS)}.")
+    if rounds < 1 or repeats < 1 or warmup < 0:
+        raise ValueError("rounds and repeats must be >= 1 and warmup >= 0.")
+    torch.set_num_threads(threads)
+    result: dict = {"machine": machine_description(threads, device), "shape": asdict(shape),
+                    "settings": {"rounds": rounds, "repeats": repeats, "warmup": warmup}, "workloads": {}}
+    start = time.perf_counter()
+    for workload in workloads:
+        log(f"[benchmark] {workload} ...")
+        result["workloads"][workload] = run_workload(workload, shape, rounds, repeats, warmup, device)
+    if memory:
+        log("[benchmark] peak memory (one subprocess per implementation) ...")
+        result["memory"] = measure_memory(shape, threads, device)
+    if mfu and device.startswith("cuda"):
+        log("[benchmark] MFU at GPT-2-small shape, bf16 ...")
+        result["mfu"] = {"eager": measure_mfu(False), "compiled": measure_mfu(True)}
+    elif mfu:
+        result["mfu"] = {"skipped": "MFU is measured on CUDA only"}
+    result["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    result["elapsed_seconds"] = time.perf_counter() - start
+    return result
+
+
+def format_table(result: dict) -> str:
+    """A Markdown table of the medians and paired ratios (and memory, cache speed-up, MFU when present)."""
+    lines = ["| workload | implementation | tokens/s (median) | ratio vs reference |", "|---|---|---:|---:|"]
+    for workload, data in result["workloads"].items():
+        for name, figures in data["implementations"].items():
+            ref = " (reference)" if name == data["reference"] else ""
+            lines.append(f"| {workload} | {name}{ref} | {figures['tokens_per_second']:.0f} | "
+                         f"{figures['ratio_vs_reference']:.2f}x |")
+        for who in ("minitx", "gpt2"):
+            if f"{who}_cache_speedup" in data:
+                lines.append(f"| {workload} | {who} cache vs no cache | | {data[f'{who}_cache_speedup']:.1f}x |")
+    if "memory" in result:
+        lines += ["", "| training peak memory | peak (MiB) | growth over imports (MiB) |", "|---|---:|---:|"]
+        for name, mem in result["memory"].items():
+            growth = f"{mem['growth_bytes'] / 2**20:.0f}" if "growth_bytes" in mem else "-"
+            lines.append(f"| {name} | {mem['peak_bytes'] / 2**20:.0f} | {growth} |")
+    mfu = result.get("mfu", {})
+    if "eager" in mfu:
+        lines += ["", "| MFU (GPT-2 small, bf16) | tokens/s | MFU |", "|---|---:|---:|"]
+        for kind in ("eager", "compiled"):
+            lines.append(f"| {kind} | {mfu[kind]['tokens_per_second']:.0f} | {100 * mfu[kind]['mfu']:.1f}% |")
+    return "\n".join(lines)
+
+
+def _shape_help(name: str, text: str) -> dict:
+    return {"help": f"{text} (default {getattr(BenchmarkShape(), name)}; --quick {getattr(QUICK_SHAPE, name)})"}
+
+
+@dataclass
+class BenchmarkArguments:
+    """`minitx benchmark`: the shape (default: the reference shape, or --quick) and how to measure."""
+
+    quick: bool = field(default=False, metadata={"help": "small shape and 3 rounds: under 2 minutes on 2 cores"})
+    vocab_size: int | None = field(default=None, metadata=_shape_help("vocab_size", "vocabulary size"))
+    context: int | None = field(default=None, metadata=_shape_help("context", "training sequence length"))
+    layers: int | None = field(default=None, metadata=_shape_help(
+        "layers", "layers (seq2seq: split evenly encoder/decoder)"))
+    hidden: int | None = field(default=None, metadata=_shape_help("hidden", "hidden size"))
+    heads: int | None = field(default=None, metadata=_shape_help("heads", "attention heads"))
+    ffn_mult: int | None = field(default=None, metadata=_shape_help("ffn_mult", "FFN width multiple"))
+    batch: int | None = field(default=None, metadata=_shape_help("batch", "batch size"))
+    seq2seq_len: int | None = field(default=None, metadata=_shape_help("seq2seq_len", "source/target length"))
+    prompt_len: int | None = field(default=None, metadata=_shape_help("prompt_len", "generation prompt length"))
+    new_tokens: int | None = field(default=None, metadata=_shape_help("new_tokens", "tokens generated per sequence"))
+    rounds: int | None = field(default=None, metadata={"help": "timed rounds per workload (default 5, --quick 3)"})
+    repeats: int = field(default=1, metadata={"help": "steps per implementation per round"})
+    warmup: int = field(default=1, metadata={"help": "untimed steps per implementation first"})
+    threads: int = field(default=1, metadata={"help": "torch intra-op threads (default 1)"})
+    device: str = field(default="cpu", metadata={"help": "cpu or cuda"})
+    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS), metadata={
+        "help": f"which workloads to run: {', '.join(WORKLOADS)}"})
+    no_memory: bool = field(default=False, metadata={"help": "skip the peak-memory subprocesses"})
+    json: str | None = field(default=None, metadata={"help": "write every figure and the machine description here"})
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """`minitx benchmark`: run, print the table, optionally write JSON. Returns the result dict."""
+    from ..cli import parse_arguments
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # --threads sets torch's own pool
+    (args,) = parse_arguments([BenchmarkArguments], argv, prog="minitx benchmark", description=(
+        "Benchmark hf_minitx against GPT-2, BART and torch.nn.Transformer, side by side in one process."))
+    if args.threads < 1:
+        raise ValueError("--threads must be >= 1")
+    unknown = sorted(set(args.workloads) - set(WORKLOADS))
+    if unknown:
+        raise ValueError(f"--workloads {unknown} unknown; choose among {', '.join(WORKLOADS)}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda asked for, but torch sees no CUDA GPU; use --device cpu")
+    base = QUICK_SHAPE if args.quick else BenchmarkShape()
+    shape = replace(base, **{f: getattr(args, f) for f in asdict(base) if getattr(args, f) is not None})
+    shape.check()
+    rounds = args.rounds or (3 if args.quick else 5)
+    result = run_benchmark(shape, rounds=rounds, repeats=args.repeats, warmup=args.warmup, threads=args.threads,
+                           device=args.device, workloads=tuple(args.workloads), memory=not args.no_memory,
+                           log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    result["command"] = "minitx benchmark " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(format_table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+__all__ = ["BenchmarkShape", "QUICK_SHAPE", "WORKLOADS", "build", "run_benchmark", "run_workload", "summarize",
+           "interleaved", "memory_probe", "measure_memory", "measure_mfu", "format_table", "BenchmarkArguments", "main"]

@@ -1,0 +1,222 @@
+"""Arguments of the training script: three dataclasses parsed by transformers' ``HfArgumentParser``.
+
+Values come from the command line, from a JSON/YAML arguments file, or both: the file gives the
+defaults and the command line overrides them::
+
+    minitx train my-run.json --max_steps 500
+
+Model shapes come from presets (``--preset NAME|PATH``): flat JSON files of ``MiniTxConfig`` fields
+shipped in the package (``hf_minitx/training/presets/``), or a JSON file of your own.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+PRESETS = resources.files(__package__) / "presets"  # JSON files shipped inside the package
+ARGS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+@dataclass
+class ModelArguments:
+    """What model to build."""
+
+    preset: str = field(
+        default="tiny",
+        metadata={"help": "Model shape: a preset name (tiny, small, gpt2-small, base, ...) "
+                          "or the path of a JSON file of MiniTxConfig fields."},
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={"help": "Comma-separated MiniTxConfig overrides applied on top of the preset, e.g. "
+                          "'hidden_size=128,num_hidden_layers=2,hidden_dropout=0.1'."},
+    )
+
+
+@dataclass
+class DataArguments:
+    """Which corpus, which tokenizer, how to cut the data."""
+
+    task: Literal["causal-lm", "seq2seq"] = field(
+        default="causal-lm", metadata={"help": "causal-lm (decoder-only) or seq2seq (encoder-decoder)."}
+    )
+    dataset: str = field(
+        default="builtin:pydocs",
+        metadata={"help": "builtin:NAME (kjv, pydocs, numbers-en-fr, numbers-en-de), local file(s) or a Hub id."},
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Config name passed to load_dataset."})
+    text_column: str = field(default="text", metadata={"help": "Text column of a causal-lm corpus."})
+    source_column: str | None = field(default=None, metadata={"help": "Source column of a seq2seq corpus."})
+    target_column: str | None = field(default=None, metadata={"help": "Target column of a seq2seq corpus."})
+    validation_split: float = field(
+        default=0.05, metadata={"help": "Fraction of train carved out as validation when the corpus has none."}
+    )
+    num_examples: int | None = field(
+        default=None, metadata={"help": "Size of generated built-in tasks (builtin:numbers-*); default 20,000."}
+    )
+    tokenizer: str | None = field(
+        default=None,
+        metadata={"help": "Tokenizer folder to use (e.g. tokenizer/). When absent, a byte-level BPE is trained "
+                          "on the training split and saved with the model."},
+    )
+    tokenizer_vocab_size: int = field(
+        default=4096, metadata={"help": "Vocabulary size of a freshly trained tokenizer (no --tokenizer)."}
+    )
+    tokenizer_max_texts: int | None = field(
+        default=20000, metadata={"help": "Train a fresh tokenizer on at most this many texts of the train split."}
+    )
+    block_size: int = field(default=128, metadata={"help": "causal-lm: tokens per packed training block."})
+    max_source_length: int = field(default=64, metadata={"help": "seq2seq: source tokens kept (EOS included)."})
+    max_target_length: int = field(default=64, metadata={"help": "seq2seq: target tokens kept (EOS included)."})
+    max_eval_samples: int | None = field(
+        default=256,
+        metadata={"help": "Validation rows (blocks or pairs) used for the validation loss; all when unset."},
+    )
+    num_proc: int | None = field(default=None, metadata={"help": "Processes for datasets.map tokenization."})
+
+
+@dataclass
+class TrainArguments:
+    """How to train, evaluate, checkpoint and save."""
+
+    output_dir: str | None = field(default=None, metadata={"help": "Folder for checkpoints and the final model."})
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Replace a previous run in output_dir instead of refusing to start."}
+    )
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "'latest' or the path of a checkpoint-STEP folder to continue from."}
+    )
+    seed: int = field(default=42, metadata={"help": "Seed of initialisation, data order and dropout."})
+    per_device_train_batch_size: int = field(default=16, metadata={"help": "Rows per micro-batch per process."})
+    per_device_eval_batch_size: int = field(default=32, metadata={"help": "Rows per evaluation batch per process."})
+    gradient_accumulation_steps: int = field(
+        default=1, metadata={"help": "Micro-batches per optimizer step (accelerator.accumulate)."}
+    )
+    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate of AdamW."})
+    weight_decay: float = field(
+        default=0.1, metadata={"help": "AdamW weight decay (not applied to biases, norms and embeddings)."}
+    )
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
+    adam_beta2: float = field(default=0.98, metadata={"help": "AdamW beta2."})
+    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
+    lr_scheduler_type: Literal["cosine", "inverse_sqrt", "linear", "constant_with_warmup"] = field(
+        default="cosine",
+        metadata={"help": "Warmup then cosine decay, or the paper's inverse square root (transformers schedulers)."},
+    )
+    warmup_steps: int = field(default=100, metadata={"help": "Linear warmup steps."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 disables)."})
+    label_smoothing: float = field(default=0.0, metadata={"help": "Label smoothing of the training loss (paper: 0.1)."})
+    max_steps: int | None = field(default=None, metadata={"help": "Optimizer steps to train (overrides num_epochs)."})
+    num_epochs: float = field(default=1.0, metadata={"help": "Epochs to train when max_steps is unset."})
+    max_minutes: float | None = field(
+        default=None, metadata={"help": "Stop (evaluate, save) once this many minutes of training have passed."}
+    )
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = field(
+        default="auto", metadata={"help": "Accelerate mixed precision; auto = bf16 on CUDA, no elsewhere."}
+    )
+    compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
+    num_threads: int | None = field(
+        default=None, metadata={"help": "torch CPU threads per process (default: cores / processes)."}
+    )
+    logging_steps: int = field(default=10, metadata={"help": "Write a train record to metrics.jsonl every N steps."})
+    eval_steps: int | None = field(default=200, metadata={"help": "Evaluate every N steps (and always at the end)."})
+    generation_eval_samples: int | None = field(
+        default=256,
+        metadata={"help": "seq2seq: validation pairs translated with generate() for exact match/BLEU; all when unset."},
+    )
+    generation_num_beams: int = field(default=1, metadata={"help": "seq2seq: beams for the generation metrics."})
+    num_sample_generations: int = field(default=2, metadata={"help": "Sample generations printed at each eval."})
+    sample_prompts: str | None = field(
+        default=None, metadata={"help": "'|'-separated prompts for the sample generations (default: validation)."}
+    )
+    checkpointing_steps: int | None = field(
+        default=None, metadata={"help": "Save accelerator state to checkpoint-STEP/ every N steps."}
+    )
+    save_total_limit: int = field(default=2, metadata={"help": "Checkpoints kept (the oldest are deleted)."})
+    report_to: str = field(
+        default="none", metadata={"help": "Accelerate trackers: none, tensorboard, trackio, wandb (comma list)."}
+    )
+    disable_tqdm: bool = field(default=False, metadata={"help": "Hide the progress bar."})
+    push_to_hub: bool = field(default=False, metadata={"help": "Upload the final folder with hf_minitx.hub.push."})
+    hub_model_id: str | None = field(default=None, metadata={"help": "Hub repo id USER/NAME for --push_to_hub."})
+
+
+ARGUMENT_CLASSES = (ModelArguments, DataArguments, TrainArguments)
+
+
+def _read_args_file(path: Path) -> dict[str, Any]:
+    """A JSON or YAML mapping of argument names to values."""
+    if not path.is_file():
+        raise FileNotFoundError(f"arguments file {path} does not exist")
+    text = path.read_text()
+    try:
+        values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as error:
+        detail = str(error).splitlines()[0]
+        raise ValueError(f"arguments file {path} is not valid {path.suffix[1:].upper()} ({detail}); fix it") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"arguments file {path} must hold a mapping of argument names to values")
+    known = {f.name for cls in ARGUMENT_CLASSES for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown argument(s) {unknown} in {path}; known arguments: {sorted(known)}")
+    return values
+
+
+def parse_training_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, TrainArguments]:
+    """Parse ``[ARGS_FILE.json|yaml] [--name value ...]``; command-line values override the file."""
+    from ..cli import parse_arguments
+
+    argv = list(argv or [])
+    file_values = None
+    if argv and not argv[0].startswith("-") and Path(argv[0]).suffix in ARGS_FILE_SUFFIXES:
+        file_values = _read_args_file(Path(argv.pop(0)))
+    model_args, data_args, train_args = parse_arguments(
+        ARGUMENT_CLASSES, argv, prog="minitx train", defaults=file_values,
+        description="Train a MiniTx model (decoder-only or encoder-decoder) with Accelerate. An arguments file "
+                    "(JSON or YAML) given first supplies defaults; the command line overrides them.")
+    return model_args, data_args, train_args
+
+
+def available_presets() -> dict[str, str]:
+    """Preset names shipped in the package with their one-line descriptions."""
+    files = sorted((f for f in PRESETS.iterdir() if f.name.endswith(".json")), key=lambda f: f.name)
+    return {f.name.removesuffix(".json"): json.loads(f.read_text()).get("description", "") for f in files}
+
+
+def load_preset(preset: str) -> dict[str, Any]:
+    """MiniTxConfig fields of a preset name or JSON path (the ``description`` key is dropped)."""
+    path = Path(preset)
+    if path.suffix != ".json" or not path.is_file():
+        path = PRESETS / f"{preset}.json"
+    if not path.is_file():
+        listing = "\n".join(f"  {name}: {text}" for name, text in available_presets().items())
+        raise ValueError(f"unknown preset {preset!r}: give a JSON file path or one of these names:\n{listing}")
+    try:
+        values = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"preset {path} is not valid JSON ({error}); fix the file or pick a shipped preset") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"preset {path} must hold a JSON object of MiniTxConfig fields")
+    values.pop("description", None)
+    return values
+
+
+def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
+    """'a=1,b=0.1,c=rope' -> {'a': 1, 'b': 0.1, 'c': 'rope'} (values read as JSON when they parse)."""
+    result: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in (overrides or "").split(","))):
+        if "=" not in item:
+            raise ValueError(f"config override {item!r} must look like name=value (e.g. hidden_size=128)")
+        name, raw = (s.strip() for s in item.split("=", 1))
+        try:
+            result[name] = json.loads(raw)
+        except json.JSONDecodeError:
+            result[name] = raw
+    return result

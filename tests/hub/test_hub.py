@@ -1,0 +1,432 @@
+"""Sharing: model card rendering and validation, model-folder checks, staging, upload and the dry run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+from huggingface_hub import metadata_load
+from huggingface_hub.repocard_data import model_index_to_eval_results
+
+from hf_minitx import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration
+from hf_minitx.cli import main as minitx
+from hf_minitx.data.tokenizer import train_bpe_tokenizer
+from hf_minitx.hub.folder import ModelFolderError, read_safetensors_header
+from hf_minitx.hub.push import (
+    HubError,
+    check_loads_without_package,
+    check_model_card,
+    check_repo_id,
+    dry_run,
+    push_to_hub,
+    render_model_card,
+    resolve_token,
+    stage_for_upload,
+    verify_model_folder,
+    write_model_card,
+)
+
+SENTENCES = [
+    "In the beginning God created the heaven and the earth.",
+    "And the earth was without form, and void; and darkness was upon the face of the deep.",
+    "seven hundred and twelve", "sept cent douze", "one thousand and one", "mille un",
+]
+CAUSAL_METRICS = {"eval_loss": 3.2188, "eval_perplexity": 24.99, "eval_bits_per_byte": 1.1834}
+SEQ2SEQ_METRICS = {"eval_loss": 0.0412, "eval_exact_match": 99.25, "eval_bleu": 98.76}
+
+
+def _write_records(folder: Path, task: str, metrics: dict, **summary_overrides) -> dict:
+    """training_summary.json + metrics.jsonl in the training format."""
+    summary = {
+        "task": task, "dataset": "builtin:kjv" if task == "causal-lm" else "builtin:numbers-en-fr",
+        "dataset_config": None, "hub_dataset": False, "steps": 120, "tokens_seen": 245_760,
+        "train_seconds": 75.5, "hardware": "1 x cpu (2 cores)", "mixed_precision": "no", "num_processes": 1,
+        "final_metrics": metrics,
+        "sample_generations": [{"prompt": SENTENCES[0][:16] if task == "causal-lm" else SENTENCES[2],
+                                "output": "and the `earth`\nwas"}],
+        "preset": "tiny", "seed": 7,
+    }
+    summary.update(summary_overrides)
+    (folder / "training_summary.json").write_text(json.dumps(summary))
+    records = [
+        {"type": "train", "step": 60, "epoch": 0.5, "loss": 4.1, "learning_rate": 1e-3, "tokens_per_second": 3200.0,
+         "tokens_seen": 122_880, "elapsed_seconds": 38.0},
+        {"type": "eval", "step": 120, **metrics},
+    ]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return summary
+
+
+def _build_folder(root: Path, kind: str) -> Path:
+    """A tiny saved model of `kind` with a tokenizer and training records."""
+    torch.manual_seed(0)
+    tokenizer = train_bpe_tokenizer(SENTENCES * 3, vocab_size=300, add_eos_token=kind == "seq2seq")
+    config = MiniTxConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, max_position_embeddings=64, is_encoder_decoder=kind == "seq2seq",
+                          position_embedding_type="rope" if kind == "seq2seq" else "learned")
+    model = (MiniTxForConditionalGeneration if kind == "seq2seq" else MiniTxForCausalLM)(config)
+    folder = root / f"tiny-{kind}"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    _write_records(folder, kind, SEQ2SEQ_METRICS if kind == "seq2seq" else CAUSAL_METRICS)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    return {kind: _build_folder(root, kind) for kind in ("causal-lm", "seq2seq")}
+
+
+@pytest.fixture
+def causal_copy(folders, tmp_path) -> Path:
+    """A private copy of the causal folder that a test may break."""
+    return Path(shutil.copytree(folders["causal-lm"], tmp_path / "model"))
+
+
+def _metadata(text: str) -> dict:
+    return huggingface_hub.ModelCard(text).data.to_dict()
+
+
+# --- model card -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["causal-lm", "seq2seq"])
+def test_card_metadata_carries_task_tags_and_measured_metrics(folders, kind):
+    text = render_model_card(folders[kind], repo_id="alice/tiny")
+    check_model_card(text)
+    data = _metadata(text)
+    assert data["library_name"] == "transformers"
+    assert data["pipeline_tag"] == {"causal-lm": "text-generation", "seq2seq": "text2text-generation"}[kind]
+    assert data["tags"] == ["hf_minitx", "custom_code", kind]
+    assert data["license"] == "apache-2.0"
+    assert "datasets" not in data  # built-in corpora are not Hub datasets
+    name, results = model_index_to_eval_results(data["model-index"])
+    assert name == "tiny"
+    expected = CAUSAL_METRICS if kind == "causal-lm" else SEQ2SEQ_METRICS
+    reported = {r.metric_type: r.metric_value for r in results}
+    assert reported == {key.removeprefix("eval_"): value for key, value in expected.items()}
+    assert {r.dataset_split for r in results} == {"validation"}
+
+
+def test_card_body_shows_architecture_parameters_training_and_usage(folders):
+    folder = folders["seq2seq"]
+    text = render_model_card(folder, repo_id="alice/numbers")
+    model = MiniTxForConditionalGeneration.from_pretrained(folder)
+    assert f"| Parameters | {model.num_parameters():,} " in text
+    assert "| Layers | 2 encoder + 2 decoder |" in text
+    assert "rotary (RoPE)" in text and "pre-LayerNorm" in text
+    assert "| Optimizer steps | 120 |" in text and "| Training tokens | 245,760" in text
+    assert "| Training time | 1 min 16 s |" in text and "1 x cpu (2 cores)" in text
+    assert "| Validation exact match (%) | 99.25 |" in text and "| Validation BLEU (sacreBLEU) | 98.76 |" in text
+    assert 'AutoModelForSeq2SeqLM.from_pretrained("alice/numbers", trust_remote_code=True)' in text
+    assert 'AutoModelForSeq2SeqLM.from_pretrained("alice/numbers")\n' in text  # installed-package path
+    assert "byte-level BPE tokenizer with 300 tokens" in text
+    assert "| `seven hundred and twelve` | `and the 'earth' was` |" in text  # newline/backticks cannot break it
+
+
+def test_card_lists_hub_datasets_only(folders, tmp_path):
+    folder = Path(shutil.copytree(folders["causal-lm"], tmp_path / "m"))
+    _write_records(folder, "causal-lm", CAUSAL_METRICS, dataset="someone/poems", dataset_config="small",
+                   hub_dataset=True)
+    data = _metadata(render_model_card(folder))
+    assert data["datasets"] == ["someone/poems"]
+    _, results = model_index_to_eval_results(data["model-index"])
+    assert {(r.dataset_type, r.dataset_config) for r in results} == {("someone/poems", "small")}
+
+
+def test_card_without_training_summary_has_no_model_index(causal_copy):
+    (causal_copy / "training_summary.json").unlink()
+    text = render_model_card(causal_copy)
+    check_model_card(text)
+    assert "model-index" not in _metadata(text)
+    assert "No validation metrics were recorded" in text
+    assert "your-username/model" in text  # usage snippet falls back to the folder name
+
+
+def test_card_drops_non_finite_metrics(causal_copy):
+    _write_records(causal_copy, "causal-lm", {"eval_loss": float("nan"), "eval_perplexity": 12.5})
+    _, results = model_index_to_eval_results(_metadata(render_model_card(causal_copy))["model-index"])
+    assert [(r.metric_type, r.metric_value) for r in results] == [("perplexity", 12.5)]
+
+
+def test_card_rejects_summary_of_the_other_task(causal_copy):
+    _write_records(causal_copy, "seq2seq", SEQ2SEQ_METRICS)
+    with pytest.raises(ModelFolderError, match="training_summary.json says task='seq2seq'"):
+        render_model_card(causal_copy)
+
+
+def test_write_model_card_round_trips_through_metadata_load(causal_copy):
+    path = write_model_card(causal_copy)
+    assert path == causal_copy / "README.md"
+    assert metadata_load(path) == _metadata(path.read_text())
+    assert metadata_load(path)["pipeline_tag"] == "text-generation"
+
+
+def test_check_model_card_rejects_bad_metadata(folders):
+    good = render_model_card(folders["causal-lm"])
+    with pytest.raises(ValueError, match="library_name"):
+        check_model_card(good.replace("library_name: transformers", "library_name: timm"))
+    with pytest.raises(ValueError, match="tags lack"):
+        check_model_card(good.replace("- custom_code\n", ""))
+    with pytest.raises(ValueError, match="non-numeric"):
+        check_model_card(good.replace("value: 24.99", "value: lots"))
+    with pytest.raises(ValueError, match="model_index"):  # huggingface_hub's own parser refuses it
+        check_model_card(good.replace("    dataset:\n", "    dataset_gone:\n", 1))
+
+
+# --- model folder checks --------------------------------------------------------------------------
+
+
+def test_verify_accepts_complete_folders(folders):
+    info = verify_model_folder(folders["seq2seq"], "seq2seq")
+    assert info.kind == "seq2seq" and info.auto_class == "AutoModelForSeq2SeqLM"
+    assert info.weight_files == ("model.safetensors",)
+    assert set(info.code_files) == {"configuration_minitx.py", "modeling_minitx.py", "layers_minitx.py",
+                                    "attention_minitx.py", "positions_minitx.py"}
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(info.tokenizer_files)
+    assert info.num_parameters == MiniTxForConditionalGeneration.from_pretrained(folders["seq2seq"]).num_parameters()
+    with pytest.raises(ModelFolderError, match="describes a seq2seq model, but a causal-lm model was expected"):
+        verify_model_folder(folders["seq2seq"], "causal-lm")
+
+
+def test_verify_names_everything_missing_from_a_non_model_folder(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(ModelFolderError) as error:
+        verify_model_folder(tmp_path)
+    message = str(error.value)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert f"- {name}" in message or f", {name}" in message
+    with pytest.raises(ModelFolderError, match="is not a directory"):
+        verify_model_folder(tmp_path / "notes.txt")
+
+
+def test_verify_requires_a_tokenizer(causal_copy):
+    (causal_copy / "tokenizer.json").unlink()
+    with pytest.raises(ModelFolderError, match=r"tokenizer\.json: missing, so the folder has no tokenizer"):
+        verify_model_folder(causal_copy)
+
+
+def test_verify_detects_truncated_weights(causal_copy):
+    weights = causal_copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(ModelFolderError, match=r"model\.safetensors is truncated: expected \d+ bytes"):
+        verify_model_folder(causal_copy)
+    weights.write_bytes(weights.read_bytes()[:20])  # cut inside the header
+    with pytest.raises(ModelFolderError, match=r"model\.safetensors is truncated or corrupted"):
+        verify_model_folder(causal_copy)
+
+
+def test_verify_detects_corrupted_weights_header(causal_copy):
+    weights = causal_copy / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[8:16] = b"\xff\xfe garb"
+    weights.write_bytes(bytes(raw))
+    with pytest.raises(ModelFolderError, match=r"model\.safetensors is corrupted: its header is not valid JSON"):
+        verify_model_folder(causal_copy)
+
+
+def test_verify_detects_weights_that_do_not_match_the_config(causal_copy):
+    config = json.loads((causal_copy / "config.json").read_text())
+    config["hidden_size"] = 64
+    (causal_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelFolderError, match=r"model\.safetensors: model\.decoder\.embed_tokens\.weight has shape"):
+        verify_model_folder(causal_copy)
+
+
+def test_verify_detects_missing_custom_code_and_foreign_configs(causal_copy):
+    (causal_copy / "layers_minitx.py").unlink()  # imported by modeling_minitx.py, not named in auto_map
+    with pytest.raises(ModelFolderError, match=r"layers_minitx\.py: missing custom code"):
+        verify_model_folder(causal_copy)
+    (causal_copy / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ModelFolderError, match="model_type is 'gpt2', not 'minitx'"):
+        verify_model_folder(causal_copy)
+
+
+def test_verify_detects_a_tokenizer_larger_than_the_vocabulary(causal_copy):
+    config = json.loads((causal_copy / "config.json").read_text())
+    config["vocab_size"] = 100
+    (causal_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelFolderError, match="tokenizer.json: has 300 tokens but config.json's vocab_size is 100"):
+        verify_model_folder(causal_copy)
+
+
+def test_safetensors_header_reader_counts_each_tied_tensor_once(folders):
+    header = read_safetensors_header(folders["causal-lm"] / "model.safetensors")
+    assert "lm_head.weight" not in header  # tied to the embeddings, stored once
+    raw = (folders["causal-lm"] / "model.safetensors").read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    assert set(header) == set(json.loads(raw[8:8 + length])) - {"__metadata__"}
+
+
+# --- staging, repo ids, tokens, upload ------------------------------------------------------------
+
+
+def test_stage_copies_exactly_the_shareable_files(causal_copy, tmp_path):
+    (causal_copy / "checkpoint-10").mkdir()
+    (causal_copy / "checkpoint-10" / "optimizer.bin").write_bytes(b"0" * 10)
+    (causal_copy / "scratch.txt").write_text("private notes")
+    staging = stage_for_upload(causal_copy, tmp_path / "stage", repo_id="alice/kjv-tiny")
+    staged = {path.name for path in staging.iterdir()}
+    assert staged == {
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+        "configuration_minitx.py", "modeling_minitx.py", "layers_minitx.py", "attention_minitx.py",
+        "positions_minitx.py", "training_summary.json", "metrics.jsonl", "README.md",
+    }
+    assert (staging / "model.safetensors").read_bytes() == (causal_copy / "model.safetensors").read_bytes()
+    assert '"alice/kjv-tiny"' in (staging / "README.md").read_text()
+    with pytest.raises(ValueError, match="already exists and is not empty"):
+        stage_for_upload(causal_copy, staging)
+
+
+@pytest.mark.parametrize("repo_id", ["kjv-gpt", "a/b/c", "/kjv", "alice/", "alice/kjv gpt", "alice/kjv--gpt"])
+def test_bad_repo_ids_are_refused(repo_id):
+    with pytest.raises(ValueError, match="repo_id"):
+        check_repo_id(repo_id)
+
+
+def test_good_repo_id_passes():
+    assert check_repo_id("alice/kjv-gpt.v2") == "alice/kjv-gpt.v2"
+
+
+@pytest.fixture
+def no_token(monkeypatch, tmp_path):
+    """No token anywhere: not in the environment and no `hf auth login` file."""
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+
+
+def test_missing_token_is_a_clear_error(no_token, monkeypatch):
+    with pytest.raises(HubError, match="hf auth login"):
+        resolve_token()
+    monkeypatch.setenv("HF_TOKEN", "hf_from_env")
+    assert resolve_token() == "hf_from_env"
+    assert resolve_token("hf_explicit") == "hf_explicit"
+
+
+class _RecordingApi:
+    """Stands in for HfApi where the Hub cannot be reached; records calls and the uploaded files."""
+
+    calls: list = []
+
+    def __init__(self, token=None):
+        self.calls.append(("init", token))
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id, kwargs))
+
+    def create_branch(self, repo_id, **kwargs):
+        self.calls.append(("create_branch", repo_id, kwargs))
+
+    def upload_folder(self, **kwargs):
+        folder = Path(kwargs["folder_path"])
+        files = {path.name: path.read_bytes() for path in folder.iterdir()}
+        self.calls.append(("upload_folder", {**kwargs, "files": files}))
+        return type("Commit", (), {"commit_url": f"https://huggingface.co/{kwargs['repo_id']}/commit/abc"})()
+
+
+def test_push_to_hub_creates_the_repo_and_uploads_the_staged_folder(folders, monkeypatch):
+    monkeypatch.setattr(huggingface_hub, "HfApi", _RecordingApi)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    _RecordingApi.calls = []
+    url = push_to_hub(folders["seq2seq"], "alice/numbers", private=True, revision="v1", token="hf_test")
+    assert url == "https://huggingface.co/alice/numbers/commit/abc"
+    calls = _RecordingApi.calls
+    assert calls[0] == ("init", "hf_test")
+    assert calls[1] == ("create_repo", "alice/numbers", {"private": True, "repo_type": "model", "exist_ok": True})
+    assert calls[2] == ("create_branch", "alice/numbers", {"branch": "v1", "repo_type": "model", "exist_ok": True})
+    upload = calls[3][1]
+    assert upload["repo_id"] == "alice/numbers" and upload["revision"] == "v1"
+    assert upload["files"]["model.safetensors"] == (folders["seq2seq"] / "model.safetensors").read_bytes()
+    assert "modeling_minitx.py" in upload["files"] and "tokenizer.json" in upload["files"]
+    check_model_card(upload["files"]["README.md"].decode())
+    assert not Path(upload["folder_path"]).exists()  # the temporary staging folder is cleaned up
+
+
+def test_push_to_hub_checks_everything_before_calling_the_hub(causal_copy, monkeypatch, no_token):
+    monkeypatch.setattr(huggingface_hub, "HfApi", _RecordingApi)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    _RecordingApi.calls = []
+    with pytest.raises(HubError, match="No Hugging Face token"):
+        push_to_hub(causal_copy, "alice/kjv")
+    (causal_copy / "tokenizer_config.json").unlink()
+    with pytest.raises(ModelFolderError, match="tokenizer_config.json: missing"):
+        push_to_hub(causal_copy, "alice/kjv", token="hf_test")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(HubError, match="HF_HUB_OFFLINE"):
+        push_to_hub(causal_copy, "alice/kjv", token="hf_test")
+    assert _RecordingApi.calls == []
+
+
+def test_cli_reports_bad_input_without_a_traceback(folders, no_token, capsys):
+    assert minitx(["push", "--model_dir", str(folders["causal-lm"]), "--repo_id", "no-owner"]) == 2
+    assert minitx(["push", "--model_dir", str(folders["causal-lm"]), "--repo_id", "alice/kjv"]) == 2
+    assert minitx(["push", "--model_dir", str(folders["causal-lm"])]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "must look like OWNER/NAME" in err and "No Hugging Face token found" in err and "--repo_id" in err
+
+
+def test_installed_package_path_loads_staged_folder_without_remote_code(folders, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    staging = stage_for_upload(folders["causal-lm"], tmp_path / "stage")
+    model = AutoModelForCausalLM.from_pretrained(staging)
+    assert type(model) is MiniTxForCausalLM
+
+
+# --- dry run: load in a clean process without hf_minitx -------------------------------------------
+
+
+def _local_greedy(folder: Path, prompt: str, max_new_tokens: int) -> list[int]:
+    """Greedy ids from the in-process hf_minitx model, to compare with the package-free child."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    auto = AutoModelForSeq2SeqLM if config.get("is_encoder_decoder") else AutoModelForCausalLM
+    model = auto.from_pretrained(folder).eval()
+    output = model.generate(**tokenizer([prompt], return_tensors="pt"), max_new_tokens=max_new_tokens,
+                            min_new_tokens=1, do_sample=False)
+    return output[0].tolist()
+
+
+@pytest.mark.slow
+def test_dry_run_causal_folder_loads_and_generates_without_hf_minitx(folders, tmp_path):
+    staging, result = dry_run(folders["causal-lm"], tmp_path / "kjv-tiny-staged", repo_id="alice/kjv-tiny",
+                              prompt="In the beginning", max_new_tokens=6)
+    assert result.model_class.startswith("transformers_modules.") and result.model_class.endswith("MiniTxForCausalLM")
+    assert result.config_class.endswith("configuration_minitx.MiniTxConfig")
+    assert result.num_new_tokens == 6
+    assert result.output_ids == _local_greedy(folders["causal-lm"], "In the beginning", 6)
+    assert (staging / "README.md").is_file()
+
+
+@pytest.mark.slow
+def test_cli_dry_run_seq2seq_folder_loads_and_generates_without_hf_minitx(folders, tmp_path, capsys):
+    staging = tmp_path / "numbers-staged"
+    code = minitx(["push", "--model_dir", str(folders["seq2seq"]), "--dry_run", str(staging),
+                          "--prompt", "seven hundred and twelve"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "loaded without hf_minitx as MiniTxForConditionalGeneration" in out and "dry run passed" in out
+    from transformers import AutoTokenizer
+
+    expected_ids = _local_greedy(folders["seq2seq"], "seven hundred and twelve", 8)[1:]  # drop decoder start
+    expected_text = AutoTokenizer.from_pretrained(staging).decode(expected_ids, skip_special_tokens=True)
+    assert f"generated {len(expected_ids)} tokens: {expected_text!r}" in out
+    assert (staging / "README.md").is_file() and (staging / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_package_free_check_reports_a_folder_that_cannot_load(folders, tmp_path):
+    staging = stage_for_upload(folders["causal-lm"], tmp_path / "stage")
+    (staging / "layers_minitx.py").write_text("raise ImportError('broken layer code')\n")
+    with pytest.raises(HubError, match="does not load without hf_minitx installed"):
+        check_loads_without_package(staging)

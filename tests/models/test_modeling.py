@@ -1,0 +1,153 @@
+"""Forward-pass parity of the models: eager vs sdpa, batched vs single, cached vs full, losses, checkpointing."""
+
+import pytest
+import torch
+from conftest import random_ids, tiny_causal, tiny_seq2seq
+
+from hf_minitx import MiniTxModel
+from hf_minitx.models.modeling_minitx import shift_tokens_right
+
+VARIANTS = [
+    dict(position_embedding_type="learned", norm_position="pre"),
+    dict(position_embedding_type="sinusoidal", norm_position="post", hidden_act="relu", scale_embeddings=True),
+    dict(position_embedding_type="rope", norm_position="pre", num_key_value_heads=2),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_causal_eager_equals_sdpa(variant):
+    model = tiny_causal(**variant)
+    ids = random_ids(2, 12)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    model.set_attn_implementation("sdpa")
+    sdpa = model(ids, attention_mask=mask).logits
+    model.set_attn_implementation("eager")
+    eager = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(eager, sdpa, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_seq2seq_eager_equals_sdpa(variant):
+    model = tiny_seq2seq(**variant)
+    src, tgt = random_ids(2, 9), random_ids(2, 6, seed=1)
+    mask = torch.ones_like(src)
+    mask[1, 6:] = 0
+    model.set_attn_implementation("sdpa")
+    sdpa = model(src, attention_mask=mask, decoder_input_ids=tgt).logits
+    model.set_attn_implementation("eager")
+    eager = model(src, attention_mask=mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(eager, sdpa, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_left_padded_batch_equals_each_sequence_alone(variant):
+    model = tiny_causal(**variant)
+    short, long = random_ids(1, 5, seed=1), random_ids(1, 9, seed=2)
+    batch = torch.cat([torch.cat([torch.zeros(1, 4, dtype=torch.long), short], 1), long])
+    mask = (torch.arange(9)[None] >= torch.tensor([[4], [0]])).long()
+    logits = model(batch, attention_mask=mask).logits
+    torch.testing.assert_close(logits[0, 4:], model(short).logits[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits[1], model(long).logits[0], atol=1e-5, rtol=1e-5)
+
+
+def test_right_padded_seq2seq_source_equals_unpadded():
+    model = tiny_seq2seq()
+    src, tgt = random_ids(1, 5), random_ids(1, 4, seed=3)
+    padded = torch.cat([src, torch.zeros(1, 3, dtype=torch.long)], 1)
+    mask = torch.tensor([[1] * 5 + [0] * 3])
+    torch.testing.assert_close(
+        model(padded, attention_mask=mask, decoder_input_ids=tgt).logits,
+        model(src, decoder_input_ids=tgt).logits, atol=1e-5, rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cached_forward_equals_full_forward(variant):
+    model = tiny_causal(**variant)
+    ids = random_ids(2, 10)
+    full = model(ids).logits
+    first = model(ids[:, :6], use_cache=True)
+    step = model(ids[:, 6:], past_key_values=first.past_key_values, use_cache=True)  # 4 tokens after a cache
+    torch.testing.assert_close(step.logits, full[:, 6:], atol=1e-5, rtol=1e-5)
+
+
+def test_causal_loss_is_shifted_and_ignores_minus_100():
+    model = tiny_causal()
+    ids = random_ids(2, 8)
+    logits = model(ids).logits
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 64), ids[:, 1:].reshape(-1))
+    torch.testing.assert_close(model(ids, labels=ids).loss, expected)
+    labels = ids.clone()
+    labels[:, 5:] = -100  # padding positions: their loss must not count
+    kept = torch.nn.functional.cross_entropy(logits[:, :4].reshape(-1, 64), ids[:, 1:5].reshape(-1))
+    torch.testing.assert_close(model(ids, labels=labels).loss, kept)
+
+
+def test_seq2seq_labels_make_decoder_inputs_and_loss_ignores_padding():
+    model = tiny_seq2seq()
+    src = random_ids(2, 7)
+    labels = torch.tensor([[5, 6, 7, 2], [8, 2, -100, -100]])
+    decoder_inputs = shift_tokens_right(labels, model.config.decoder_start_token_id, model.config.pad_token_id)
+    assert decoder_inputs.tolist() == [[1, 5, 6, 7], [1, 8, 2, 0]]
+    out = model(src, labels=labels)
+    logits = model(src, decoder_input_ids=decoder_inputs).logits
+    torch.testing.assert_close(out.logits, logits)
+    keep = labels != -100
+    torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(logits[keep], labels[keep]))
+
+
+def test_tied_embeddings_share_storage_and_untied_do_not():
+    tied = tiny_causal()
+    assert tied.lm_head.weight.data_ptr() == tied.model.decoder.embed_tokens.weight.data_ptr()
+    untied = tiny_causal(tie_word_embeddings=False)
+    assert untied.lm_head.weight.data_ptr() != untied.model.decoder.embed_tokens.weight.data_ptr()
+    s2s = tiny_seq2seq()
+    assert s2s.lm_head.weight.data_ptr() == s2s.get_input_embeddings().weight.data_ptr()
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    ids = random_ids(2, 8)
+
+    def grads(checkpointing):
+        model = tiny_causal(hidden_dropout=0.0)
+        model.train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        model(ids, labels=ids).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain, checkpointed = grads(False), grads(True)
+    assert plain.keys() == checkpointed.keys() and len(plain) > 10
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_output_attentions_shapes_and_rows_sum_to_one():
+    model = tiny_seq2seq(num_key_value_heads=2)
+    model.set_attn_implementation("eager")
+    out = model(random_ids(2, 7), decoder_input_ids=random_ids(2, 5), output_attentions=True, output_hidden_states=True)
+    assert len(out.encoder_attentions) == 2 and out.encoder_attentions[0].shape == (2, 4, 7, 7)
+    assert out.decoder_attentions[0].shape == (2, 4, 5, 5) and out.cross_attentions[0].shape == (2, 4, 5, 7)
+    torch.testing.assert_close(out.cross_attentions[1].sum(-1), torch.ones(2, 4, 5))
+    assert torch.all(out.decoder_attentions[0].triu(1) == 0)
+    assert len(out.decoder_hidden_states) == 3 and len(out.encoder_hidden_states) == 3
+
+
+def test_auto_model_gives_the_headless_model_of_either_kind(tmp_path):
+    from transformers import AutoModel
+
+    for model in (tiny_causal(), tiny_seq2seq()):
+        model.save_pretrained(tmp_path / model.__class__.__name__)
+        base = AutoModel.from_pretrained(tmp_path / model.__class__.__name__)
+        assert isinstance(base, MiniTxModel)
+        assert base.config.is_encoder_decoder == model.config.is_encoder_decoder
+        torch.testing.assert_close(base.get_input_embeddings().weight, model.get_input_embeddings().weight)
+
+
+def test_dropout_only_in_training_mode():
+    model = tiny_causal(hidden_dropout=0.5, attention_dropout=0.5)
+    ids = random_ids(1, 8)
+    torch.testing.assert_close(model(ids).logits, model(ids).logits)
+    model.train()
+    assert not torch.allclose(model(ids).logits, model(ids).logits)

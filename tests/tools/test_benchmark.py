@@ -1,0 +1,107 @@
+"""The benchmark's correctness in a tiny mode: every workload reported, figures sane, ratios consistent.
+
+No timing assertions: speed is only ever judged by running scripts/benchmark.py itself.
+"""
+
+import json
+import math
+import statistics
+
+import pytest
+
+from hf_minitx.tools import benchmark
+from hf_minitx.tools.benchmark import WORKLOADS, BenchmarkShape, count_parameters, summarize
+
+TINY = ["--vocab-size", "64", "--context", "16", "--layers", "2", "--hidden", "32", "--heads", "2",
+        "--batch", "2", "--seq2seq-len", "8", "--prompt-len", "4", "--new-tokens", "6", "--rounds", "2",
+        "--warmup", "0"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One full tiny run through the command-line entry point, memory subprocesses included."""
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    returned = benchmark.main(TINY + ["--json", str(out)])
+    return returned, json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_json_has_every_workload_and_implementation(tiny_run):
+    _, result = tiny_run
+    assert set(result["workloads"]) == set(WORKLOADS)
+    for workload, (reference, names) in WORKLOADS.items():
+        data = result["workloads"][workload]
+        assert data["reference"] == reference
+        assert set(data["implementations"]) == set(names)
+        assert all(len(v) == 2 for v in data["raw_tokens_per_second"].values())
+    assert set(result["memory"]) == set(benchmark.MEMORY_IMPLEMENTATIONS)
+    assert "skipped" in result["mfu"]  # CPU run: MFU is CUDA-only
+    machine = result["machine"]
+    for key in ("cpu", "load_average", "torch", "transformers", "torch_threads"):
+        assert key in machine
+    assert machine["torch_threads"] == 1
+    assert result["shape"]["hidden"] == 32 and result["shape"]["new_tokens"] == 6
+
+
+@pytest.mark.slow
+def test_figures_positive_finite_and_ratios_match_raw(tiny_run):
+    _, result = tiny_run
+    for data in result["workloads"].values():
+        raw = data["raw_tokens_per_second"]
+        ref = raw[data["reference"]]
+        for name, figures in data["implementations"].items():
+            rate = figures["tokens_per_second"]
+            assert math.isfinite(rate) and rate > 0
+            assert rate == pytest.approx(statistics.median(raw[name]))
+            paired = statistics.median(a / b for a, b in zip(raw[name], ref, strict=True))
+            assert figures["ratio_vs_reference"] == pytest.approx(paired)
+        assert data["implementations"][data["reference"]]["ratio_vs_reference"] == pytest.approx(1.0)
+    b1 = result["workloads"]["generate_b1"]["raw_tokens_per_second"]
+    speedup = statistics.median(a / b for a, b in zip(b1["minitx"], b1["minitx-no-cache"], strict=True))
+    assert result["workloads"]["generate_b1"]["minitx_cache_speedup"] == pytest.approx(speedup)
+    speedup = statistics.median(a / b for a, b in zip(b1["gpt2"], b1["gpt2-no-cache"], strict=True))
+    assert result["workloads"]["generate_b1"]["gpt2_cache_speedup"] == pytest.approx(speedup)
+    for mem in result["memory"].values():
+        assert mem["peak_bytes"] > 0 and mem["growth_bytes"] >= 0
+
+
+@pytest.mark.slow
+def test_same_parameter_count_as_the_references(tiny_run):
+    _, result = tiny_run
+    params = result["workloads"]["train_causal"]["parameters"]
+    # GPT-2 and hf_minitx configured alike: learned positions, biases, tied embeddings, pre-LN.
+    assert params["minitx-sdpa"] == params["gpt2"] == params["minitx-eager"] == params["gpt2-gelu"]
+    s2s = result["workloads"]["train_seq2seq"]["parameters"]
+    # BART adds one embedding LayerNorm per stack (2 * 2 * hidden parameters) and offsets positions by 2.
+    assert abs(s2s["minitx-seq2seq"] - s2s["bart"]) <= 4 * 32 + 2 * 2 * 32
+
+
+def test_summarize_takes_medians_and_paired_ratios():
+    rates = {"ref": [100.0, 50.0, 80.0], "fast": [150.0, 100.0, 80.0]}
+    out = summarize(rates, "ref")
+    assert out["fast"]["tokens_per_second"] == 100.0
+    assert out["fast"]["ratio_vs_reference"] == 1.5  # per-round ratios 1.5, 2.0, 1.0
+    assert out["ref"]["ratio_vs_reference"] == 1.0
+
+
+def test_interleaving_rotates_the_order():
+    calls = []
+    steps = {name: (lambda name=name: calls.append(name) or 1) for name in "abc"}
+    benchmark.interleaved(steps, rounds=3, repeats=1, warmup=0)
+    assert calls == list("abc" "bca" "cab")
+
+
+def test_bad_shape_is_rejected_before_work():
+    with pytest.raises(ValueError, match="divisible by heads"):
+        BenchmarkShape(hidden=30, heads=4).check()
+    with pytest.raises(ValueError, match="positive integer"):
+        BenchmarkShape(batch=0).check()
+    with pytest.raises(ValueError, match="divisible by heads"):
+        benchmark.main(["--hidden", "30", "--heads", "4", "--no-memory"])
+    with pytest.raises(ValueError, match="Unknown implementation"):
+        benchmark.build("gpt3", BenchmarkShape())
+
+
+def test_minitx_matches_gpt2_parameter_count_at_default_shape():
+    shape = BenchmarkShape(vocab_size=512, context=32, hidden=64, heads=4, layers=2)
+    assert count_parameters(benchmark.build("minitx-sdpa", shape)) == count_parameters(benchmark.build("gpt2", shape))

@@ -1,0 +1,366 @@
+"""The Accelerate training loop: falling loss on both tasks, exact resume, 2-process equivalence, the saved
+folder, non-finite loss, and a clear error for each bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_minitx.training.arguments import parse_training_args
+from hf_minitx.training.checkpoints import write_run_state
+from hf_minitx.training.loop import NonFiniteLossError, main, resolve_model_settings, run_identity
+
+REPO = Path(__file__).resolve().parents[2]
+WORDS = ("the quick brown fox jumps over a lazy dog while seven small birds sing about rivers, hills and "
+         "old stone bridges near the quiet town").split()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """Each in-process run builds its own Accelerator; forget the previous one's singletons."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> Path:
+    """~200 paragraphs of pseudo-English with structure a tiny model can learn quickly."""
+    rng = torch.Generator().manual_seed(0)
+    paragraphs = []
+    for _ in range(200):
+        start = int(torch.randint(0, len(WORDS), (1,), generator=rng))
+        length = int(torch.randint(12, 30, (1,), generator=rng))
+        paragraphs.append(" ".join(WORDS[(start + i) % len(WORDS)] for i in range(length)) + ".")
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n\n".join(paragraphs) + "\n")
+    return path
+
+
+def causal_args(text_file: Path, output_dir: Path, *extra: str) -> list[str]:
+    """A tiny causal-LM run on the local corpus, fast enough for a unit test."""
+    return [
+        "--task", "causal-lm", "--dataset", str(text_file), "--preset", "tiny",
+        "--config_overrides", "hidden_size=32,intermediate_size=64,max_position_embeddings=64",
+        "--tokenizer_vocab_size", "300", "--block_size", "32", "--output_dir", str(output_dir),
+        "--per_device_train_batch_size", "8", "--learning_rate", "3e-3", "--warmup_steps", "2",
+        "--logging_steps", "1", "--eval_steps", "0", "--max_eval_samples", "16", "--num_sample_generations", "1",
+        "--disable_tqdm", "--num_threads", "1", *extra,
+    ]
+
+
+def seq2seq_args(output_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--task", "seq2seq", "--dataset", "builtin:numbers-en-fr", "--num_examples", "600", "--preset", "tiny",
+        "--tokenizer_vocab_size", "300", "--max_source_length", "32", "--max_target_length", "32",
+        "--output_dir", str(output_dir), "--per_device_train_batch_size", "16", "--learning_rate", "3e-3",
+        "--warmup_steps", "5", "--logging_steps", "1", "--eval_steps", "0", "--generation_eval_samples", "16",
+        "--max_eval_samples", "32", "--num_sample_generations", "1", "--disable_tqdm", "--num_threads", "1", *extra,
+    ]
+
+
+def records(output_dir: Path, kind: str) -> list[dict]:
+    lines = (output_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] == kind]
+
+
+@pytest.fixture(scope="module")
+def causal_run(text_file, tmp_path_factory) -> Path:
+    """One finished 30-step causal run shared by the tests that only read its outputs."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    out = tmp_path_factory.mktemp("runs") / "causal"
+    main(causal_args(text_file, out, "--max_steps", "30", "--learning_rate", "1e-2", "--sample_prompts", "the quick"))
+    return out
+
+
+# --- training on both tasks -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_causal_lm_loss_falls_and_records_metrics(causal_run):
+    train = records(causal_run, "train")
+    assert [r["step"] for r in train] == list(range(1, 31))
+    first, last = sum(r["loss"] for r in train[:3]) / 3, sum(r["loss"] for r in train[-3:]) / 3
+    assert last < 0.7 * first, (first, last)
+    assert {"epoch", "learning_rate", "tokens_per_second", "tokens_seen", "elapsed_seconds"} <= set(train[-1])
+    assert train[-1]["tokens_seen"] == 30 * 8 * 32  # every token of every block was read
+    (final,) = records(causal_run, "eval")
+    assert final["step"] == 30
+    assert final["eval_perplexity"] == pytest.approx(torch.tensor(final["eval_loss"]).exp().item(), rel=1e-6)
+    # bits per byte: nats -> bits, per UTF-8 byte; a ~300-token BPE covers ~3-4 bytes per token
+    bits_per_token = final["eval_loss"] / torch.log(torch.tensor(2.0)).item()
+    assert 1.5 < bits_per_token / final["eval_bits_per_byte"] < 8
+
+
+@pytest.mark.slow
+def test_seq2seq_loss_falls_and_reports_generation_metrics(tmp_path):
+    out = tmp_path / "s2s"
+    main(seq2seq_args(out, "--max_steps", "40"))
+    train = records(out, "train")
+    assert train[-1]["loss"] < 0.7 * train[0]["loss"]
+    (final,) = records(out, "eval")
+    assert 0.0 <= final["eval_exact_match"] <= 100.0 and 0.0 <= final["eval_bleu"] <= 100.0
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["task"] == "seq2seq" and summary["steps"] == 40
+    assert summary["final_metrics"]["eval_exact_match"] == final["eval_exact_match"]
+
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert model.generation_config.decoder_start_token_id == tokenizer.bos_token_id
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+    assert model.generation_config.max_new_tokens == 32
+
+
+# --- the saved folder --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_saved_folder_loads_with_auto_classes_and_generates(causal_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                 "modeling_minitx.py", "training_summary.json", "loss_curve.png", "README.md"):
+        assert (causal_run / name).is_file(), name
+    config = json.loads((causal_run / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"].endswith("MiniTxForCausalLM")
+    model = AutoModelForCausalLM.from_pretrained(causal_run)
+    tokenizer = AutoTokenizer.from_pretrained(causal_run)
+    assert config["vocab_size"] == len(tokenizer)
+    assert (model.generation_config.eos_token_id, model.generation_config.pad_token_id) == (
+        tokenizer.eos_token_id, tokenizer.pad_token_id)
+    saved = load_file(causal_run / "model.safetensors")
+    for name, tensor in model.state_dict().items():
+        if name in saved:
+            assert torch.equal(tensor, saved[name]), name
+    ids = tokenizer("the quick", return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=5, do_sample=False)
+    assert out.shape == (1, ids["input_ids"].shape[1] + 5) or tokenizer.eos_token_id in out[0].tolist()
+    summary = json.loads((causal_run / "training_summary.json").read_text())
+    expected = {"task", "dataset", "dataset_config", "hub_dataset", "steps", "tokens_seen", "train_seconds",
+                "hardware", "mixed_precision", "num_processes", "final_metrics", "sample_generations", "preset",
+                "seed"}
+    assert expected <= set(summary)
+    assert summary["sample_generations"][0]["prompt"] == "the quick"
+    assert summary["hub_dataset"] is False and summary["mixed_precision"] == "no"
+
+
+# --- exact resume --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_resume_gives_the_same_weights_as_a_straight_run(text_file, tmp_path):
+    """6 straight steps == 3 steps, stop, resume from checkpoint-3, 3 more (dropout on, accumulation 2)."""
+    extra = ("--max_steps", "6", "--gradient_accumulation_steps", "2", "--checkpointing_steps", "3",
+             "--config_overrides", "hidden_size=32,intermediate_size=64,max_position_embeddings=64,hidden_dropout=0.1")
+    straight = tmp_path / "straight"
+    main(causal_args(text_file, straight, *extra))
+
+    # An interrupted run: its folder holds only what existed after step 3 (tokenizer, metrics, checkpoint).
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    import shutil
+
+    shutil.copytree(straight / "checkpoint-3", resumed / "checkpoint-3")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(straight / name, resumed / name)
+    lines = (straight / "metrics.jsonl").read_text().splitlines()
+    (resumed / "metrics.jsonl").write_text("\n".join(lines[:3] + lines[5:]) + "\n")  # plus records to drop
+
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    main(causal_args(text_file, resumed, *extra, "--resume_from_checkpoint", "latest"))
+
+    a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert [r["loss"] for r in records(straight, "train")] == [r["loss"] for r in records(resumed, "train")]
+
+
+# --- two processes -------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process_at_the_same_global_batch(text_file, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    common = ("--max_steps", "5", "--eval_steps", "5", "--gradient_accumulation_steps", "2")
+    one = tmp_path / "one"
+    two = tmp_path / "two"
+    subprocess.run([sys.executable, "-m", "hf_minitx", "train",
+                    *causal_args(text_file, one, *common)], check=True, env=env, cwd=REPO, timeout=240)
+    args = causal_args(text_file, two, *common)
+    args[args.index("--per_device_train_batch_size") + 1] = "4"
+    # On a machine without GPU, --multi_gpu makes accelerate start N processes (torchrun); the training
+    # script then joins them as a multi-CPU gloo group. (--cpu would start one process only.)
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port())]
+    # `-m hf_minitx train`: the form that works with the installed package, no script path needed
+    subprocess.run([*launch, "-m", "hf_minitx", "train", *args], check=True, env=env, cwd=REPO, timeout=240)
+
+    loss_one = [r["loss"] for r in records(one, "train")]
+    loss_two = [r["loss"] for r in records(two, "train")]
+    assert len(loss_two) == 5  # logged once, not once per process
+    assert loss_two == pytest.approx(loss_one, rel=1e-5)
+    eval_one, eval_two = records(one, "eval"), records(two, "eval")
+    assert len(eval_two) == 1
+    assert eval_two[0]["eval_loss"] == pytest.approx(eval_one[0]["eval_loss"], rel=1e-5)
+    assert json.loads((two / "training_summary.json").read_text())["num_processes"] == 2
+    a, b = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+
+
+# --- non-finite loss -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(text_file, tmp_path, monkeypatch):
+    import hf_minitx.training.loop as train_module
+
+    real = train_module.summed_cross_entropy
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 5 else loss
+
+    monkeypatch.setattr(train_module, "summed_cross_entropy", poisoned)
+    out = tmp_path / "nan"
+    with pytest.raises(NonFiniteLossError, match="step 5.*checkpoint-4"):
+        main(causal_args(text_file, out, "--max_steps", "8", "--checkpointing_steps", "2",
+                         "--save_total_limit", "5"))
+    assert (out / "checkpoint-4").is_dir() and not (out / "checkpoint-6").exists()
+    assert not (out / "model.safetensors").exists()
+
+
+# --- arguments and bad input (no training) --------------------------------------------------------
+
+
+def test_args_file_gives_defaults_and_the_command_line_overrides(tmp_path):
+    args_file = tmp_path / "run.json"
+    args_file.write_text(json.dumps({"task": "seq2seq", "learning_rate": 0.005, "preset": "small"}))
+    model_args, data_args, train_args = parse_training_args([str(args_file), "--learning_rate", "0.001"])
+    assert (data_args.task, model_args.preset, train_args.learning_rate) == ("seq2seq", "small", 0.001)
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text("block_size: 64\nmax_steps: 7\n")
+    _, data_args, train_args = parse_training_args([str(yaml_file)])
+    assert (data_args.block_size, train_args.max_steps) == (64, 7)
+
+
+def test_args_file_with_an_unknown_key_is_refused(tmp_path):
+    args_file = tmp_path / "run.json"
+    args_file.write_text(json.dumps({"learning_rat": 0.1}))
+    with pytest.raises(ValueError, match="unknown argument.*learning_rat"):
+        parse_training_args([str(args_file)])
+
+
+def test_unknown_preset_lists_the_available_ones(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown preset 'huge'(.|\n)*gpt2-small(.|\n)*tiny"):
+        main(["--preset", "huge", "--output_dir", str(tmp_path / "x")])
+
+
+def test_encoder_decoder_preset_with_causal_task_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="encoder-decoder.*--task seq2seq"):
+        main(["--preset", "base", "--task", "causal-lm", "--output_dir", str(tmp_path / "x")])
+
+
+def test_seq2seq_task_on_a_text_corpus_is_refused(tmp_path, text_file):
+    with pytest.raises(ValueError, match="task/dataset mismatch"):
+        main(["--task", "seq2seq", "--dataset", "builtin:pydocs", "--output_dir", str(tmp_path / "x")])
+    with pytest.raises(ValueError, match="task/dataset mismatch"):
+        main(["--task", "seq2seq", "--dataset", str(text_file), "--output_dir", str(tmp_path / "y"),
+              "--disable_tqdm"])
+    assert not (tmp_path / "y" / "metrics.jsonl").exists()
+
+
+def test_block_size_beyond_the_position_table_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="block_size 512 is larger than the model's max_position_embeddings"):
+        main(["--preset", "tiny", "--block_size", "512", "--output_dir", str(tmp_path / "x")])
+
+
+@pytest.fixture
+def previous_run(tmp_path) -> Path:
+    """A folder where a run already logged a step."""
+    out = tmp_path / "previous"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text(json.dumps({"type": "train", "step": 1, "loss": 5.0}) + "\n")
+    return out
+
+
+def test_output_dir_holding_another_run_is_refused(previous_run, text_file):
+    with pytest.raises(FileExistsError, match="already holds a run.*--overwrite_output_dir"):
+        main(causal_args(text_file, previous_run, "--max_steps", "1"))
+    assert len((previous_run / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_resume_latest_without_checkpoint_is_refused(previous_run, text_file):
+    with pytest.raises(FileNotFoundError, match="no checkpoint-STEP folder"):
+        main(causal_args(text_file, previous_run, "--max_steps", "1", "--resume_from_checkpoint", "latest"))
+
+
+def test_checkpoint_from_another_config_is_refused(tmp_path, text_file):
+    out = tmp_path / "run"
+    other = causal_args(text_file, out, "--config_overrides", "hidden_size=64")
+    model_args, data_args, _ = parse_training_args(other)
+    checkpoint = out / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    write_run_state(checkpoint, {**run_identity(resolve_model_settings(model_args, data_args), data_args),
+                                 "step": 2})
+    with pytest.raises(ValueError, match="another configuration(.|\n)*hidden_size"):
+        main(causal_args(text_file, out, "--max_steps", "4", "--resume_from_checkpoint", "latest"))
+
+
+def test_invalid_model_override_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="hidden_size"):
+        main(["--config_overrides", "hidden_size=30,num_attention_heads=4", "--output_dir", str(tmp_path / "x")])
+
+
+# --- minitx generate -----------------------------------------------------------------------------
+
+
+def _generate_cli():
+    import hf_minitx.inference as module  # `minitx generate`
+
+    return module
+
+
+@pytest.mark.slow
+def test_generate_cli_samples_reproducibly_and_decodes_with_beams(causal_run, capsys):
+    cli = _generate_cli()
+    base = ["--model", str(causal_run), "--prompt", "the quick", "old stone", "--max_new_tokens", "8"]
+    first = cli.main([*base, "--do_sample", "--top_k", "20", "--seed", "1", "--device", "cpu"])
+    again = cli.main([*base, "--do_sample", "--top_k", "20", "--seed", "1", "--dtype", "float32"])
+    assert first == again and len(first) == 2
+    beams = cli.main([*base, "--num_beams", "3"])
+    greedy = cli.main([*base, "--greedy"])
+    assert all(isinstance(text, str) for text in beams + greedy)
+    assert "the quick" in capsys.readouterr().out
+
+
+def test_generate_cli_on_a_folder_without_model_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a model folder"):
+        _generate_cli().main(["--model", str(tmp_path), "--prompt", "hi"])

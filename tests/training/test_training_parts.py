@@ -1,0 +1,137 @@
+"""The pieces under the training loop: data order, token-count loss, weight-decay groups, presets,
+checkpoint bookkeeping, device/dtype choice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from hf_minitx import MiniTxForCausalLM
+from hf_minitx.device import pick_device, pick_dtype
+from hf_minitx.models.modeling_minitx import token_cross_entropy
+from hf_minitx.training.arguments import available_presets, load_preset, parse_config_overrides
+from hf_minitx.training.checkpoints import list_checkpoints, rotate_checkpoints, write_run_state
+from hf_minitx.training.data_order import StepIndexedBatchSampler
+from hf_minitx.training.evaluation import exact_match
+from hf_minitx.training.loop import parameter_groups
+from hf_minitx.training.loss import count_label_tokens, per_sequence_cross_entropy, summed_cross_entropy
+from hf_minitx.training.outputs import append_metrics, truncate_metrics
+
+
+def _take(sampler, n):
+    iterator = iter(sampler)
+    return [next(iterator) for _ in range(n)]
+
+
+def test_two_processes_split_each_global_batch_of_one_process():
+    one = _take(StepIndexedBatchSampler(50, 8, seed=3), 12)
+    ranks = [_take(StepIndexedBatchSampler(50, 4, num_processes=2, process_index=p, seed=3), 12) for p in (0, 1)]
+    assert [a + b for a, b in zip(*ranks, strict=True)] == one
+
+
+def test_start_offset_continues_the_same_order_across_epochs():
+    full = _take(StepIndexedBatchSampler(30, 7, seed=1), 10)  # 4 batches per epoch: crosses 2 epochs
+    assert _take(StepIndexedBatchSampler(30, 7, seed=1, start=6), 4) == full[6:]
+
+
+def test_each_epoch_visits_distinct_rows_in_a_new_order():
+    batches = _take(StepIndexedBatchSampler(20, 5, seed=0), 8)
+    first, second = sum(batches[:4], []), sum(batches[4:], [])
+    assert sorted(first) == sorted(second) == list(range(20))
+    assert first != second
+
+
+def test_batch_larger_than_the_data_is_refused():
+    with pytest.raises(ValueError, match="fewer than one global batch"):
+        StepIndexedBatchSampler(10, 8, num_processes=2)
+
+
+def test_summed_loss_is_the_mean_loss_times_the_token_count():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 7, 11)
+    labels = torch.randint(0, 11, (3, 7))
+    labels[0, 4:] = -100
+    for shift in (True, False):
+        count = count_label_tokens(labels, shift)
+        mean = token_cross_entropy(*((logits[:, :-1], labels[:, 1:]) if shift else (logits, labels)))
+        assert summed_cross_entropy(logits, labels, shift=shift) == pytest.approx(mean.item() * count.item(), rel=1e-5)
+        rows, counts = per_sequence_cross_entropy(logits, labels, shift=shift)
+        assert rows.sum().item() == pytest.approx(mean.item() * count.item(), rel=1e-5)
+        assert counts.tolist() == ([3, 6, 6] if shift else [4, 7, 7])
+
+
+def test_label_smoothing_raises_the_loss_of_confident_predictions():
+    logits = torch.full((1, 4, 5), -10.0)
+    labels = torch.tensor([[0, 1, 2, 3]])
+    logits[0, torch.arange(4), labels[0]] = 10.0
+    plain = summed_cross_entropy(logits, labels, shift=False)
+    smooth = summed_cross_entropy(logits, labels, shift=False, label_smoothing=0.1)
+    assert smooth > plain + 1.0
+
+
+def test_weight_decay_skips_biases_norms_and_embeddings(make_config):
+    model = MiniTxForCausalLM(make_config(position_embedding_type="learned"))
+    decay, no_decay = parameter_groups(model, 0.1)
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
+    decayed = {id(p) for p in decay["params"]}
+    for name, param in model.named_parameters():
+        expect_decay = param.ndim == 2 and "embed" not in name and "norm" not in name
+        assert (id(param) in decayed) == expect_decay, name
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    assert any(isinstance(m, nn.LayerNorm) for m in model.modules())
+
+
+def test_presets_are_valid_and_overrides_parse():
+    names = available_presets()
+    assert {"tiny", "small", "gpt2-small", "base"} <= set(names)
+    gpt2 = load_preset("gpt2-small")
+    assert (gpt2["hidden_size"], gpt2["num_hidden_layers"], gpt2["max_position_embeddings"]) == (768, 12, 1024)
+    assert load_preset("base")["norm_position"] == "post"
+    assert parse_config_overrides("hidden_size=128, hidden_act=relu,hidden_dropout=0.1") == {
+        "hidden_size": 128, "hidden_act": "relu", "hidden_dropout": 0.1}
+    with pytest.raises(ValueError, match="name=value"):
+        parse_config_overrides("hidden_size")
+
+
+def test_rotation_keeps_the_newest_checkpoints_by_step(tmp_path):
+    for step in (2, 10, 4):
+        write_run_state(_mk(tmp_path / f"checkpoint-{step}"), {"step": step})
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-4", "checkpoint-10"]
+    rotate_checkpoints(tmp_path, 2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-4", "checkpoint-10"]
+
+
+def _mk(path):
+    path.mkdir(parents=True)
+    return path
+
+
+def test_resumed_metrics_drop_the_records_after_the_checkpoint(tmp_path):
+    for step in (1, 2, 3):
+        append_metrics(tmp_path, {"type": "train", "step": step, "loss": float(step)})
+    append_metrics(tmp_path, {"type": "eval", "step": 3, "eval_loss": float("nan")})
+    truncate_metrics(tmp_path, 2)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2]
+
+
+def test_exact_match_is_a_percentage():
+    assert exact_match(["a b", "c"], ["a b ", "d"]) == 50.0
+    with pytest.raises(ValueError):
+        exact_match(["a"], [])
+
+
+def test_device_and_dtype_choice_on_this_machine():
+    device = pick_device("cpu")
+    assert device.type == "cpu"
+    assert pick_dtype(device) == torch.float32
+    assert pick_dtype(device, "bf16") == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype"):
+        pick_dtype(device, "float8")
+    if not torch.cuda.is_available():
+        assert pick_device().type in ("cpu", "mps")
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            pick_device("cuda")
