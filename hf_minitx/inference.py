@@ -6,25 +6,75 @@ else `AutoModelForCausalLM`); `generate` turns prompts into strings for either k
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import (
-    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import logging as hf_logging
 
 from .device import pick_device, pick_dtype
 from .training.evaluation import generate_texts
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+WEIGHTS_FILE = "model.safetensors"
+MODEL_TYPE = "minitx"
+
+
+def read_folder_config(folder: Path) -> dict:
+    """config.json of a MiniTx folder as a dict; anything else is refused with the reason and the fix."""
+    path = folder / "config.json"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a model folder (no such folder); pass the --output_dir of a training run")
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} is not a model folder (no config.json); pass the --output_dir of a training run")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); save the model again with save_pretrained") from None
+    if not isinstance(config, dict) or config.get("model_type") != MODEL_TYPE:
+        found = config.get("model_type") if isinstance(config, dict) else None
+        raise ValueError(f"{folder} is not a MiniTx folder: config.json has model_type {found!r}, not {MODEL_TYPE!r}; "
+                         "pass a folder written by minitx train or MiniTx*.save_pretrained")
+    return config
+
+
+def check_loading_info(folder: Path, info: dict) -> None:
+    """Refuse weights that do not match the config: missing, unexpected or mismatched tensors."""
+    problems = []
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        keys = sorted(str(key[0] if isinstance(key, tuple) else key) for key in info.get(kind) or ())
+        if keys:
+            shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+            problems.append(f"{len(keys)} {kind.replace('_keys', '')} ({shown})")
+    if problems or info.get("error_msgs"):
+        detail = "; ".join(problems) or "; ".join(map(str, info["error_msgs"]))
+        raise ValueError(f"{folder / WEIGHTS_FILE} does not match {folder / 'config.json'}: {detail}. The folder was "
+                         "edited or mixed from two runs; save the model again, or restore the config it was saved with")
+
+
+@contextmanager
+def quiet_load_report() -> Iterator[None]:
+    """Silence transformers' load report (a logged warning) and its progress bar for the duration of a load."""
+    previous, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(previous)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def load_model_folder(
@@ -38,22 +88,62 @@ def load_model_folder(
     """Eval-mode model and tokenizer (None when the folder has none and `need_tokenizer` is False).
 
     `AutoModelForSeq2SeqLM` for encoder-decoder configs, else `AutoModelForCausalLM`. `device`/`dtype`
-    default to the best the machine supports (see `hf_minitx.device`).
+    default to the best the machine supports (see `hf_minitx.device`). A folder whose weights do not
+    match its config, or whose files are corrupt, is refused with a ValueError naming the file: nothing is
+    ever initialised at random behind the user's back.
     """
+    from .hub.folder import read_safetensors_header
+
     folder = Path(model_dir)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{folder} is not a model folder (no config.json); pass the --output_dir of a training run")
+    config = read_folder_config(folder)
+    if not (folder / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"{folder} has no {WEIGHTS_FILE}; pass a folder written by minitx train or save_pretrained")
+    read_safetensors_header(folder / WEIGHTS_FILE)  # a truncated or corrupt file is named here
     has_tokenizer = any((folder / name).is_file() for name in TOKENIZER_FILES)
     if need_tokenizer and not has_tokenizer:
         raise FileNotFoundError(f"{folder} holds no tokenizer (tokenizer.json); save the tokenizer next to the model")
     chosen_device = device if isinstance(device, torch.device) else pick_device(device)
     chosen_dtype = dtype if isinstance(dtype, torch.dtype) else pick_dtype(chosen_device, dtype)
-    config = AutoConfig.from_pretrained(folder)
-    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+    auto = AutoModelForSeq2SeqLM if config.get("is_encoder_decoder") else AutoModelForCausalLM
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    model = auto.from_pretrained(folder, dtype=chosen_dtype, **extra).to(chosen_device).eval()
+    with quiet_load_report():  # a mismatch is our error below, not a report followed by a random model
+        model, info = auto.from_pretrained(folder, dtype=chosen_dtype, output_loading_info=True,
+                                           ignore_mismatched_sizes=True, **extra)
+    check_loading_info(folder, info)
     tokenizer = AutoTokenizer.from_pretrained(folder) if has_tokenizer else None
-    return model, tokenizer
+    return model.to(chosen_device).eval(), tokenizer
+
+
+def check_generation_arguments(kwargs: dict[str, Any]) -> None:
+    """Refuse sampling and search settings that generate() would reject late, or not at all."""
+    top_p, top_k = kwargs.get("top_p"), kwargs.get("top_k")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] (a probability mass), got {top_p}; e.g. --top_p 0.9")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 turns it off), got {top_k}")
+    if kwargs.get("temperature") is not None and kwargs["temperature"] <= 0:
+        raise ValueError(f"temperature must be > 0, got {kwargs['temperature']}; use --greedy for deterministic output")
+    if kwargs.get("num_beams") is not None and kwargs["num_beams"] < 1:
+        raise ValueError(f"num_beams must be >= 1 (1 is greedy or sampling), got {kwargs['num_beams']}")
+    if kwargs.get("max_new_tokens") is not None and kwargs["max_new_tokens"] < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {kwargs['max_new_tokens']}")
+
+
+def check_fits_positions(model: PreTrainedModel, used: int, max_new_tokens: int | None) -> None:
+    """Refuse a generation that would run past the model's positions; say how many new tokens fit.
+
+    `used` is the positions the decoder starts with: the (padded) prompt for a decoder-only model, the
+    start token for an encoder-decoder. Rotary positions have no table, so they have no limit here.
+    """
+    config = model.config
+    limit = config.max_position_embeddings
+    new = max_new_tokens or model.generation_config.max_new_tokens or 0
+    if config.position_embedding_type == "rope" or used + new <= limit:
+        return
+    fit = limit - used
+    raise ValueError(f"max_new_tokens={new} does not fit: the model has {limit} positions ({config.position_embedding_type}) "
+                     f"and the prompt takes {used}, so at most {max(fit, 0)} new tokens fit"
+                     + ("; shorten the prompt" if fit < 1 else f"; pass --max_new_tokens {fit} or less"))
 
 
 @torch.no_grad()
@@ -68,17 +158,23 @@ def generate(
     """Continuations (decoder-only) or outputs (encoder-decoder) of ``prompts``, one string each.
 
     ``generate_kwargs`` go to ``model.generate`` (max_new_tokens, do_sample, temperature, top_k,
-    top_p, num_beams); None values are dropped so the model's generation_config decides.
+    top_p, num_beams); None values are dropped so the model's generation_config decides. Settings out of
+    range, and generations longer than the model's positions, are refused before any work.
     """
     if not prompts:
         raise ValueError("give at least one prompt")
     kwargs = {k: v for k, v in generate_kwargs.items() if v is not None}
+    check_generation_arguments(kwargs)
     if seed is not None:
         torch.manual_seed(seed)
     if model.config.is_encoder_decoder:
+        check_fits_positions(model, 1, kwargs.get("max_new_tokens"))
         return generate_texts(model, tokenizer, prompts, batch_size=len(prompts), **kwargs)
     device = next(model.parameters()).device
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    if encoded["input_ids"].shape[1] == 0:
+        raise ValueError("every prompt is empty; give at least one character of text to continue")
+    check_fits_positions(model, encoded["input_ids"].shape[1], kwargs.get("max_new_tokens"))
     output = model.generate(**encoded, **kwargs)  # (batch, prompt + new)
     new_tokens = output[:, encoded["input_ids"].shape[1]:]  # (batch, new)
     return tokenizer.batch_decode(new_tokens, skip_special_tokens=True)

@@ -93,10 +93,14 @@ def stage_for_upload(
 ) -> Path:
     """Copy what would be uploaded from `model_dir` into `staging_dir` and write its model card.
 
-    Checks the folder first (`verify_model_folder`); `staging_dir` must be absent or empty. The card
+    Checks the folder first (`verify_model_folder`, then a load that refuses weights which do not match the
+    config, so a broken folder is named as such rather than blamed on the remote-code check); `staging_dir` must be absent or empty. The card
     is rendered afresh, with `repo_id` in its usage snippets. Returns the staging folder.
     """
+    from ..inference import load_model_folder
+
     info = verify_model_folder(model_dir, kind)
+    load_model_folder(info.path, device="cpu", dtype="float32")  # weights that do not fit the config are refused
     staging = Path(staging_dir)
     if staging.exists() and (not staging.is_dir() or any(staging.iterdir())):
         raise ValueError(f"staging folder {staging} already exists and is not empty; pass a new or empty folder.")

@@ -1,0 +1,152 @@
+"""The one loader of saved folders refuses anything that is not exactly a MiniTx model (it never hands back a
+half-random model), and generation settings are checked before any work."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from hf_minitx import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration
+from hf_minitx.cli import main as minitx
+from hf_minitx.data import train_bpe_tokenizer
+from hf_minitx.inference import generate, load_model_folder
+
+TEXTS = [f"line {i}: the cat sat on the mat and looked at {i} birds." for i in range(60)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_bpe_tokenizer(TEXTS, 300)
+
+
+def _save(model, tokenizer, folder):
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def causal_dir(tmp_path_factory, tokenizer):
+    torch.manual_seed(0)
+    config = MiniTxConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=64, max_position_embeddings=32, position_embedding_type="learned",
+                          pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return _save(MiniTxForCausalLM(config), tokenizer, tmp_path_factory.mktemp("causal") / "model")
+
+
+@pytest.fixture
+def broken(causal_dir, tmp_path):
+    """A fresh copy of the good folder to break."""
+    return shutil.copytree(causal_dir, tmp_path / "broken")
+
+
+def _edit_config(folder, **changes):
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_good_folder_loads_every_weight(causal_dir):
+    model, tokenizer = load_model_folder(causal_dir, device="cpu")
+    saved = load_file(causal_dir / "model.safetensors")
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in saved.items())
+    assert tokenizer is not None
+
+
+def test_other_model_type_is_not_a_minitx_folder(broken):
+    _edit_config(broken, model_type="gpt2")
+    with pytest.raises(ValueError, match="is not a MiniTx folder: config.json has model_type 'gpt2'"):
+        load_model_folder(broken)
+    _edit_config(broken, model_type="no-such-model")
+    with pytest.raises(ValueError, match="not a MiniTx folder"):
+        load_model_folder(broken)
+
+
+def test_extra_layer_in_config_is_refused_not_initialised_at_random(broken):
+    _edit_config(broken, num_hidden_layers=3)
+    with pytest.raises(ValueError, match=r"does not match .*config.json: \d+ missing \(model.decoder.layers.2"):
+        load_model_folder(broken)
+
+
+def test_deleted_tensor_is_refused(broken):
+    weights = load_file(broken / "model.safetensors")
+    weights.pop("model.decoder.layers.0.mlp.fc1.weight")
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="1 missing .*layers.0.mlp.fc1.weight"):
+        load_model_folder(broken)
+
+
+def test_unexpected_and_misshapen_tensors_are_refused(broken):
+    weights = load_file(broken / "model.safetensors")
+    weights["model.decoder.layers.0.self_attn.q_proj.weight"] = torch.zeros(8, 32)
+    weights["stray.weight"] = torch.zeros(2)
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"1 unexpected \(stray.weight\); 1 mismatched \(.*q_proj.weight\)"):
+        load_model_folder(broken)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00" * 5, b"garbage that is not safetensors" * 3])
+def test_corrupt_weights_name_the_file(broken, content):
+    (broken / "model.safetensors").write_bytes(content)
+    with pytest.raises(ValueError, match=r"model.safetensors is (truncated|corrupted)"):
+        load_model_folder(broken)
+
+
+def test_truncated_weights_name_the_file(broken):
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"model.safetensors is truncated"):
+        load_model_folder(broken)
+
+
+def test_generate_command_refuses_a_broken_folder_with_one_line(broken, capsys):
+    _edit_config(broken, num_hidden_layers=3)
+    assert minitx(["generate", "--model", str(broken), "--prompt", "the cat"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "does not match" in err[0]
+
+
+def test_dry_run_names_a_broken_folder_not_the_remote_code(broken, tmp_path, capsys):
+    _edit_config(broken, num_hidden_layers=3)
+    assert minitx(["push", "--model_dir", str(broken), "--dry_run", str(tmp_path / "staged")]) == 2
+    err = capsys.readouterr().err
+    assert "does not match" in err and "without hf_minitx" not in err
+    assert not (tmp_path / "staged").exists()
+
+
+@pytest.mark.parametrize("setting,message", [
+    ({"top_p": 1.5}, "top_p must be in"), ({"top_p": 0.0}, "top_p must be in"), ({"top_k": -1}, "top_k must be"),
+    ({"temperature": 0.0}, "temperature must be"), ({"num_beams": 0}, "num_beams must be"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be"),
+])
+def test_generation_settings_out_of_range_are_refused(causal_dir, setting, message):
+    model, tokenizer = load_model_folder(causal_dir, device="cpu")
+    with pytest.raises(ValueError, match=message):
+        generate(model, tokenizer, ["the cat"], **setting)
+
+
+def test_generation_longer_than_the_positions_says_how_many_fit(causal_dir):
+    model, tokenizer = load_model_folder(causal_dir, device="cpu")
+    prompt_len = len(tokenizer("the cat", add_special_tokens=False)["input_ids"])
+    with pytest.raises(ValueError, match=f"at most {32 - prompt_len} new tokens fit"):
+        generate(model, tokenizer, ["the cat"], max_new_tokens=10_000)
+    assert len(generate(model, tokenizer, ["the cat"], max_new_tokens=32 - prompt_len, do_sample=False)) == 1
+
+
+def test_seq2seq_generation_longer_than_the_decoder_positions_is_refused(tokenizer, tmp_path):
+    config = MiniTxConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=64, max_position_embeddings=16, is_encoder_decoder=True,
+                          position_embedding_type="sinusoidal", pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                          decoder_start_token_id=1)
+    folder = _save(MiniTxForConditionalGeneration(config), tokenizer, tmp_path / "s2s")
+    model, tok = load_model_folder(folder, device="cpu")
+    with pytest.raises(ValueError, match="at most 15 new tokens fit"):
+        generate(model, tok, ["the cat"], max_new_tokens=40)
+
+
+def test_empty_prompt_is_refused(causal_dir):
+    model, tokenizer = load_model_folder(causal_dir, device="cpu")
+    with pytest.raises(ValueError, match="prompt is empty"):
+        generate(model, tokenizer, [""])
