@@ -412,7 +412,7 @@ class MiniTxLMHeadMixin:
         (`shift_labels`, seq2seq labels). `name` is the argument named in errors. -100 marks ignored positions. With no labelled position at all the loss is 0 and a warning is
         logged (a plain mean would be NaN), matching what transformers' Trainer gets for such a micro-batch.
         """
-        any_labelled = check_labels(targets, logits, name, self.config.vocab_size, aligned=aligned)
+        any_labelled = check_labels(targets, logits.shape[:-1], name, self.config.vocab_size, aligned=aligned)
         if any_labelled is False:
             logger.warning_once(f"Every position of `{name}` is {IGNORE_INDEX} (ignored): the loss is 0, not NaN. "
                                 "Check the label masking (e.g. prompts longer than the block).")
@@ -423,18 +423,18 @@ class MiniTxLMHeadMixin:
 
 
 def check_labels(
-    labels: torch.Tensor, logits: torch.Tensor, name: str, vocab_size: int, aligned: bool
+    labels: torch.Tensor, positions: torch.Size, name: str, vocab_size: int, aligned: bool
 ) -> bool | None:
     """Raise ValueError for labels that do not fit the logits; return whether any position is labelled.
 
-    labels (batch, seq) must match logits (batch, seq, vocab) and hold ids in [0, vocab_size) or -100. Labels
+    labels (batch, seq) must match the logits' `positions` (batch, seq) and hold ids in [0, vocab_size) or -100. Labels
     not yet aligned lose their first position to the shift. One host sync; skipped (None) under torch.compile.
     """
     if torch.compiler.is_compiling():
         return None
-    if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.shape != logits.shape[:-1]:
+    if labels.dim() != 2 or labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.shape != positions:
         raise ValueError(
-            f"{name} must be integer ids shaped like the logits' positions {tuple(logits.shape[:-1])} "
+            f"{name} must be integer ids shaped like the logits' positions {tuple(positions)} "
             f"(batch, seq), got {labels.dtype} {tuple(labels.shape)}. Use {IGNORE_INDEX} for ignored positions "
             "(and no logits_to_keep when computing a loss)."
         )
@@ -574,6 +574,7 @@ class MiniTxForConditionalGeneration(MiniTxLMHeadMixin, MiniTxPreTrainedModel, G
                              "decoder positions: pass them as labels.")
         return_dict = self.config.return_dict if return_dict is None else return_dict
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
+            check_labels(labels, labels.shape, "labels", self.config.vocab_size, aligned=True)  # before the shift
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
