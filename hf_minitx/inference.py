@@ -34,8 +34,6 @@ MODEL_TYPE = "minitx"
 def read_folder_config(folder: Path) -> dict:
     """config.json of a MiniTx folder as a dict; anything else is refused with the reason and the fix."""
     path = folder / "config.json"
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{folder} is not a model folder (no such folder); pass the --output_dir of a training run")
     if not path.is_file():
         raise FileNotFoundError(f"{folder} is not a model folder (no config.json); pass the --output_dir of a training run")
     try:

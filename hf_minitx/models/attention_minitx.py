@@ -104,15 +104,18 @@ def self_attention_mask(
     past_len: int,
     kv_len: int,
     causal: bool,
+    has_padding: bool | None = None,
 ) -> torch.Tensor | None:
     """The mask of a self-attention layer, or None where the fused kernel's own `is_causal` is exact.
 
     Args:
         attention_mask: (batch, past_len + q_len) 0/1 padding mask, a ready 4D mask (returned as is), or None.
         q_len: number of new query positions.
-        past_len: positions already in the cache.
+        past_len: positions already in the cache; an int, or a 0-d tensor (a static cache under torch.compile).
         kv_len: length of the keys the layer will see (past_len + q_len, or a static cache's size).
         causal: decoder (True) or encoder (False) attention.
+        has_padding: whether the 2D mask holds a 0, if the caller knows; None = look (no look under compile,
+            where a 2D mask is always applied, to keep host syncs out of the graph).
 
     Returns:
         boolean (batch | 1, 1, q_len, kv_len) or None. Every query may see its own position, so a padded
@@ -120,8 +123,11 @@ def self_attention_mask(
     """
     if attention_mask is not None and attention_mask.dim() == 4:
         return attention_mask
-    has_padding = attention_mask is not None and not bool(attention_mask.all())
-    plain = kv_len == past_len + q_len and (q_len == 1 or past_len == 0)
+    if attention_mask is None:
+        has_padding = False
+    elif has_padding is None:
+        has_padding = torch.compiler.is_compiling() or not bool(attention_mask.all())
+    plain = not isinstance(past_len, torch.Tensor) and kv_len == past_len + q_len and (q_len == 1 or past_len == 0)
     if not has_padding and (not causal or plain):
         return None
     device = attention_mask.device if attention_mask is not None else None
@@ -146,7 +152,9 @@ def padding_mask(attention_mask: torch.Tensor, q_len: int) -> torch.Tensor:
 
 def cross_attention_mask(encoder_attention_mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
     """Mask of decoder queries over encoder keys: (batch, 1, q_len, src_len), or None without padding."""
-    if encoder_attention_mask is None or bool(encoder_attention_mask.all()):
+    if encoder_attention_mask is None:
+        return None
+    if not torch.compiler.is_compiling() and bool(encoder_attention_mask.all()):
         return None
     return padding_mask(encoder_attention_mask, q_len)
 

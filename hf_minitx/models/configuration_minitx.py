@@ -1,10 +1,15 @@
 """MiniTxConfig: the one configuration shared by the decoder-only and the encoder-decoder model."""
 
+import math
+
 from transformers import PretrainedConfig
 
 HIDDEN_ACTS = ("gelu", "relu")
 NORM_POSITIONS = ("pre", "post")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "rope")
+IGNORE_INDEX = -100  # label value the loss skips (padding, prompt tokens)
+BOOL_FIELDS = ("attention_bias", "scale_embeddings", "tie_word_embeddings", "is_encoder_decoder", "use_cache")
+FLOAT_FIELDS = ("rope_theta", "hidden_dropout", "attention_dropout", "layer_norm_eps", "initializer_range")
 
 
 class MiniTxConfig(PretrainedConfig):
@@ -71,6 +76,7 @@ class MiniTxConfig(PretrainedConfig):
     decoder_start_token_id: int | None = None
 
     def __post_init__(self, **kwargs):
+        self._check_types()
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.intermediate_size is None:
@@ -78,8 +84,10 @@ class MiniTxConfig(PretrainedConfig):
         if self.decoder_start_token_id is None:
             self.decoder_start_token_id = self.bos_token_id
         if self.is_encoder_decoder:
-            self.num_encoder_layers = self.num_encoder_layers or self.num_hidden_layers
-            self.num_decoder_layers = self.num_decoder_layers or self.num_hidden_layers
+            if self.num_encoder_layers is None:
+                self.num_encoder_layers = self.num_hidden_layers
+            if self.num_decoder_layers is None:
+                self.num_decoder_layers = self.num_hidden_layers
             self.num_hidden_layers = self.num_decoder_layers
         elif self.num_decoder_layers is not None:
             self.num_hidden_layers = self.num_decoder_layers
@@ -90,6 +98,26 @@ class MiniTxConfig(PretrainedConfig):
     def head_dim(self) -> int:
         """Width of one attention head."""
         return self.hidden_size // self.num_attention_heads
+
+    def _check_types(self) -> None:
+        """Raise ValueError for fields of the wrong type (e.g. the string "false" for a bool), before any use.
+
+        Layer counts given explicitly are checked here too, so a bad one is reported under its own name rather
+        than under `num_hidden_layers`, which it would overwrite.
+        """
+        for name in BOOL_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"MiniTxConfig.{name} must be True or False, got {value!r} ({type(value).__name__}).")
+        for name in FLOAT_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ValueError(f"MiniTxConfig.{name} must be a number, got {value!r} ({type(value).__name__}).")
+        for name in ("num_encoder_layers", "num_decoder_layers"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise ValueError(f"MiniTxConfig.{name} must be a positive integer (or None for num_hidden_layers), "
+                                 f"got {value!r}.")
 
     def _check(self) -> None:
         """Raise ValueError for settings no model can be built from."""
@@ -125,10 +153,17 @@ class MiniTxConfig(PretrainedConfig):
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"MiniTxConfig.{name} must be in [0, 1), got {getattr(self, name)}.")
+        for name, zero_ok in (("layer_norm_eps", False), ("rope_theta", False), ("initializer_range", True)):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+                raise ValueError(f"MiniTxConfig.{name} must be a finite number {'>= 0' if zero_ok else '> 0'}, "
+                                 f"got {value}.")
         for name in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
             value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ValueError(f"MiniTxConfig.{name} must be an integer token id or None, got {value!r}.")
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"MiniTxConfig.{name}={value} is outside the vocabulary [0, {self.vocab_size}).")
 
 
-__all__ = ["MiniTxConfig"]
+__all__ = ["MiniTxConfig", "IGNORE_INDEX"]

@@ -19,9 +19,10 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
+from transformers.utils import logging
 
 from .attention_minitx import cross_attention_mask, self_attention_mask
-from .configuration_minitx import MiniTxConfig
+from .configuration_minitx import IGNORE_INDEX, MiniTxConfig
 from .layers_minitx import MiniTxDecoderLayer, MiniTxEncoderLayer
 from .positions_minitx import (
     MiniTxPositionalEmbedding,
@@ -37,6 +38,81 @@ AUTO_MAP = {
     "AutoModelForSeq2SeqLM": "modeling_minitx.MiniTxForConditionalGeneration",
 }
 
+logger = logging.get_logger(__name__)
+
+
+def resolve_output_flags(
+    config: MiniTxConfig, output_attentions: bool | None, output_hidden_states: bool | None, return_dict: bool | None
+) -> tuple[bool, bool, bool]:
+    """A flag passed to forward wins; one left as None takes the config's value, as in every transformers model."""
+    return (
+        config.output_attentions if output_attentions is None else output_attentions,
+        config.output_hidden_states if output_hidden_states is None else output_hidden_states,
+        config.return_dict if return_dict is None else return_dict,
+    )
+
+
+def check_inputs(
+    config: MiniTxConfig,
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None = None,
+    prefix: str = "",
+) -> bool | None:
+    """Raise one ValueError for ids, embeddings or a padding mask no model could use.
+
+    input_ids: (batch, seq) integer ids in [0, vocab_size), batch and seq >= 1; inputs_embeds: (batch, seq, hidden).
+    attention_mask: (batch, seq) of 0/1 or bool, or a ready 4-D mask (taken as is). `prefix` is "decoder_" for
+    the seq2seq decoder's arguments. The value checks share one device-to-host copy per call.
+    Returns whether the 2-D mask holds padding (None without a 2-D mask, or under torch.compile, where nothing
+    is checked so that the graph has no host sync).
+    """
+    if torch.compiler.is_compiling():
+        return None
+    ids_name, mask_name = f"{prefix}input_ids", f"{prefix}attention_mask"
+    if input_ids is not None:
+        _check_id_tensor(input_ids, ids_name)
+    elif inputs_embeds is not None and (inputs_embeds.dim() != 3 or 0 in inputs_embeds.shape[:2]):
+        raise ValueError(f"{prefix}inputs_embeds must be (batch, seq, hidden) with batch, seq >= 1, got shape "
+                         f"{tuple(inputs_embeds.shape)}.")
+    if attention_mask is not None and attention_mask.dim() not in (2, 4):
+        raise ValueError(f"{mask_name} must be (batch, seq) with 1 for tokens and 0 for padding, got shape "
+                         f"{tuple(attention_mask.shape)}. Pass the mask the tokenizer returned.")
+    checks = {}
+    if input_ids is not None:
+        checks["ids"] = ((input_ids < 0) | (input_ids >= config.vocab_size)).any()
+    mask_2d = attention_mask is not None and attention_mask.dim() == 2
+    if mask_2d and attention_mask.dtype != torch.bool:
+        checks["mask"] = ((attention_mask != 0) & (attention_mask != 1)).any()
+    if mask_2d:
+        checks["padding"] = ~attention_mask.bool().all()
+    if not checks:
+        return None
+    found = dict(zip(checks, torch.stack(list(checks.values())).tolist(), strict=True))  # the one host sync
+    if found.get("ids"):
+        low, high = int(input_ids.min()), int(input_ids.max())
+        raise ValueError(
+            f"Token ids must lie in [0, {config.vocab_size}) (config.vocab_size), got values in [{low}, {high}] in "
+            f"{ids_name}. Was the input encoded with another tokenizer?"
+        )
+    if found.get("mask"):
+        bad = attention_mask[(attention_mask != 0) & (attention_mask != 1)].unique()[:4].tolist()
+        raise ValueError(f"{mask_name} must hold only 0 (padding) and 1 (token), or booleans; found {bad}. Pass the "
+                         "mask the tokenizer returned, or (mask > 0).long().")
+    return found.get("padding")
+
+
+def _check_id_tensor(ids: torch.Tensor, name: str) -> None:
+    """Shape and dtype of (batch, seq) token ids: 2-D, integer, not empty."""
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (batch, seq), got shape {tuple(ids.shape)}. For one sequence add the "
+                         f"batch dimension ({name}[None]) or use tokenizer(..., return_tensors='pt').")
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
+        raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}; use .long().")
+    if 0 in ids.shape:
+        raise ValueError(f"{name} has shape {tuple(ids.shape)}: the model needs at least one sequence of at least "
+                         "one token (an empty prompt gives no ids; start it with the BOS token).")
+
 
 class MiniTxPreTrainedModel(PreTrainedModel):
     """Weight initialisation and the Hugging Face class attributes shared by every MiniTx model."""
@@ -45,6 +121,8 @@ class MiniTxPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
+    _can_compile_fullgraph = True  # forward has no host sync under torch.compile; transformers also reads it as
+    # "supports cache_implementation='static'" and then compiles forward itself in generate() on GPUs
     _no_split_modules = ["MiniTxEncoderLayer", "MiniTxDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
 
@@ -105,14 +183,7 @@ class MiniTxStack(nn.Module):
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
 
     def embed(self, input_ids: torch.LongTensor) -> torch.Tensor:
-        """(batch, seq) token ids -> (batch, seq, hidden) scaled token embeddings; checks the ids."""
-        if not torch.compiler.is_compiling() and input_ids.numel():
-            low, high = int(input_ids.min()), int(input_ids.max())
-            if low < 0 or high >= self.config.vocab_size:
-                raise ValueError(
-                    f"Token ids must lie in [0, {self.config.vocab_size}) (config.vocab_size), got values in "
-                    f"[{low}, {high}]. Was the input encoded with another tokenizer?"
-                )
+        """(batch, seq) token ids -> (batch, seq, hidden) scaled token embeddings (ids checked by `check_inputs`)."""
         return self.embed_tokens(input_ids) * self.embed_scale
 
     def forward(
@@ -126,19 +197,29 @@ class MiniTxStack(nn.Module):
         past_key_values: Cache | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = True,
+        return_dict: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPastAndCrossAttentions:
-        """Run the stack on ids (batch, seq) or embeddings (batch, seq, hidden); returns per-position states."""
+    ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
+        """Run the stack on ids (batch, seq) or embeddings (batch, seq, hidden); returns per-position states.
+
+        Unset output flags come from the config; `return_dict=False` returns `output.to_tuple()`.
+        """
+        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
+            self.config, output_attentions, output_hidden_states, return_dict)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        prefix = "decoder_" if self.is_decoder and self.config.is_encoder_decoder else ""
+        has_padding = check_inputs(self.config, input_ids, attention_mask, inputs_embeds, prefix)
         if inputs_embeds is None:
             inputs_embeds = self.embed(input_ids)
         batch, q_len = inputs_embeds.shape[:2]
         self_cache = past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else past_key_values
+        # a static cache counts its positions in a tensor: keep it a tensor under compile (no host sync)
         past_len = self_cache.get_seq_length() if self_cache is not None else 0
         kv_len = self_cache.get_mask_sizes(q_len, 0)[0] if self_cache is not None else q_len
-        self._check_lengths(attention_mask, batch, past_len + q_len, kv_len)
+        if not torch.compiler.is_compiling():
+            past_len = int(past_len)
+            self._check_lengths(attention_mask, batch, past_len + q_len, kv_len)
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask, q_len, past_len, inputs_embeds.device)
 
@@ -150,7 +231,7 @@ class MiniTxStack(nn.Module):
             hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
         hidden_states = self.dropout(hidden_states)
 
-        mask = self_attention_mask(attention_mask, q_len, past_len, kv_len, causal=self.is_decoder)
+        mask = self_attention_mask(attention_mask, q_len, past_len, kv_len, causal=self.is_decoder, has_padding=has_padding)
         cross_mask = cross_attention_mask(encoder_attention_mask, q_len) if encoder_hidden_states is not None else None
         all_states = [hidden_states] if output_hidden_states else None
         all_attentions = [] if output_attentions else None
@@ -174,13 +255,14 @@ class MiniTxStack(nn.Module):
             hidden_states = self.norm(hidden_states)
             if all_states is not None:
                 all_states[-1] = hidden_states
-        return BaseModelOutputWithPastAndCrossAttentions(
+        output = BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
             past_key_values=past_key_values if self.is_decoder else None,
             hidden_states=tuple(all_states) if all_states is not None else None,
             attentions=tuple(all_attentions) if all_attentions is not None else None,
             cross_attentions=tuple(all_cross) if all_cross is not None else None,
         )
+        return output if return_dict else output.to_tuple()
 
     def _check_lengths(self, attention_mask: torch.Tensor | None, batch: int, total_len: int, kv_len: int) -> None:
         if self.config.position_embedding_type != "rope" and total_len > self.config.max_position_embeddings:
@@ -199,17 +281,19 @@ class MiniTxStack(nn.Module):
 
 
 def positions_from_mask(
-    attention_mask: torch.Tensor | None, q_len: int, past_len: int, device: torch.device
+    attention_mask: torch.Tensor | None, q_len: int, past_len: int | torch.Tensor, device: torch.device
 ) -> torch.LongTensor:
     """Position ids of the new tokens: count only real tokens, so left padding does not shift positions.
 
-    Returns (batch, q_len), or (1, q_len) when there is no padding mask.
+    `past_len` is an int, or a 0-d tensor (a static cache under torch.compile). Returns (batch, q_len), or
+    (1, q_len) when there is no padding mask.
     """
+    new = torch.arange(q_len, device=device) + past_len  # (q_len,) absolute positions of the new tokens
     if attention_mask is None or attention_mask.dim() != 2:
-        return torch.arange(past_len, past_len + q_len, device=device)[None]  # (1, q_len)
+        return new[None]  # (1, q_len)
     positions = attention_mask.long().cumsum(-1) - 1  # (batch, past + q_len)
     positions = positions.clamp(min=0)
-    return positions[:, past_len : past_len + q_len]
+    return positions.index_select(1, new.to(positions.device))  # (batch, q_len)
 
 
 class MiniTxModel(MiniTxPreTrainedModel):
@@ -245,16 +329,22 @@ class MiniTxModel(MiniTxPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPastAndCrossAttentions | Seq2SeqModelOutput:
-        """Decoder-only: (batch, seq) ids -> states. Seq2seq: source ids + decoder ids -> decoder states."""
+    ) -> BaseModelOutputWithPastAndCrossAttentions | Seq2SeqModelOutput | tuple:
+        """Decoder-only: (batch, seq) ids -> states. Seq2seq: source ids + decoder ids -> decoder states.
+
+        Unset output flags come from the config; `return_dict=False` returns `output.to_tuple()`.
+        """
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        flags = {"output_attentions": output_attentions, "output_hidden_states": output_hidden_states}
+        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
+            self.config, output_attentions, output_hidden_states, return_dict)
+        flags = {"output_attentions": output_attentions, "output_hidden_states": output_hidden_states,
+                 "return_dict": True}
         if not self.config.is_encoder_decoder:
             if use_cache and past_key_values is None:
                 past_key_values = DynamicCache(config=self.config)
-            return self.decoder(input_ids, attention_mask, position_ids, inputs_embeds,
-                                past_key_values=past_key_values if use_cache else None, **flags)
+            output = self.decoder(input_ids, attention_mask, position_ids, inputs_embeds,
+                                  past_key_values=past_key_values if use_cache else None, **flags)
+            return output if return_dict else output.to_tuple()
 
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids, attention_mask, position_ids, inputs_embeds, **flags)
@@ -266,6 +356,7 @@ class MiniTxModel(MiniTxPreTrainedModel):
                 "them right) or `decoder_input_ids`; generate() provides them itself."
             )
         if decoder_inputs_embeds is None:
+            check_inputs(self.config, decoder_input_ids, None, prefix="decoder_")
             decoder_inputs_embeds = self.encoder.embed(decoder_input_ids)
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
@@ -274,7 +365,7 @@ class MiniTxModel(MiniTxPreTrainedModel):
             encoder_hidden_states=encoder_outputs.last_hidden_state, encoder_attention_mask=attention_mask,
             past_key_values=past_key_values if use_cache else None, **flags,
         )
-        return Seq2SeqModelOutput(
+        output = Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
             past_key_values=decoder_outputs.past_key_values,
             decoder_hidden_states=decoder_outputs.hidden_states,
@@ -284,6 +375,7 @@ class MiniTxModel(MiniTxPreTrainedModel):
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
         )
+        return output if return_dict else output.to_tuple()
 
 
 class MiniTxLMHeadMixin:
@@ -303,6 +395,58 @@ class MiniTxLMHeadMixin:
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
+    def generate(self, *args, **kwargs):
+        """transformers' `generate()`, after checking `num_beams` (0 beams otherwise fails deep inside it)."""
+        config = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None) or self.generation_config
+        beams = kwargs.get("num_beams", getattr(config, "num_beams", None))
+        if beams is not None and (not isinstance(beams, int) or isinstance(beams, bool) or beams < 1):
+            raise ValueError(f"generate(num_beams={beams!r}): num_beams must be an integer >= 1 "
+                             "(1 = greedy or sampling, more = beam search).")
+        return super().generate(*args, **kwargs)
+
+    def lm_loss(self, logits: torch.Tensor, targets: torch.Tensor, aligned: bool, name: str, **kwargs) -> torch.Tensor:
+        """Mean next-token cross-entropy, through transformers' `self.loss_function` (honours `num_items_in_batch`).
+
+        logits (batch, seq, vocab); targets (batch, seq) are the inputs themselves (`aligned=False`: shifted
+        inside by padding the labels, so the logits are never copied) or already aligned with the logits
+        (`shift_labels`, seq2seq labels). `name` is the argument named in errors. -100 marks ignored positions. With no labelled position at all the loss is 0 and a warning is
+        logged (a plain mean would be NaN), matching what transformers' Trainer gets for such a micro-batch.
+        """
+        any_labelled = check_labels(targets, logits.shape[:-1], name, self.config.vocab_size, aligned=aligned)
+        if any_labelled is False:
+            logger.warning_once(f"Every position of `{name}` is {IGNORE_INDEX} (ignored): the loss is 0, not NaN. "
+                                "Check the label masking (e.g. prompts longer than the block).")
+            kwargs["num_items_in_batch"] = 1  # sum over no position (0) / 1
+        labels, shift_labels = (None, targets) if aligned else (targets, None)
+        return self.loss_function(logits, labels, self.config.vocab_size, shift_labels=shift_labels,
+                                  ignore_index=IGNORE_INDEX, **kwargs)
+
+
+def check_labels(
+    labels: torch.Tensor, positions: torch.Size, name: str, vocab_size: int, aligned: bool
+) -> bool | None:
+    """Raise ValueError for labels that do not fit the logits; return whether any position is labelled.
+
+    labels (batch, seq) must match the logits' `positions` (batch, seq) and hold ids in [0, vocab_size) or -100. Labels
+    not yet aligned lose their first position to the shift. One host sync; skipped (None) under torch.compile.
+    """
+    if torch.compiler.is_compiling():
+        return None
+    if labels.dim() != 2 or labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.shape != positions:
+        raise ValueError(
+            f"{name} must be integer ids shaped like the logits' positions {tuple(positions)} "
+            f"(batch, seq), got {labels.dtype} {tuple(labels.shape)}. Use {IGNORE_INDEX} for ignored positions "
+            "(and no logits_to_keep when computing a loss)."
+        )
+    labelled = labels != IGNORE_INDEX  # (batch, seq)
+    bad, used = torch.stack([(labelled & ((labels < 0) | (labels >= vocab_size))).any(),
+                             (labelled if aligned else labelled[:, 1:]).any()]).tolist()
+    if bad:
+        values = labels[labelled & ((labels < 0) | (labels >= vocab_size))].unique()[:4].tolist()
+        raise ValueError(f"{name} must hold token ids in [0, {vocab_size}) (config.vocab_size) or {IGNORE_INDEX} "
+                         f"(ignored); found {values}.")
+    return used
+
 
 def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
     """Mean cross-entropy over labelled positions; label -100 (padding) is ignored.
@@ -311,7 +455,7 @@ def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smooth
     """
     flat_logits = logits.float().reshape(-1, logits.size(-1))  # (batch * seq, vocab)
     return nn.functional.cross_entropy(
-        flat_logits, labels.reshape(-1), ignore_index=-100, label_smoothing=label_smoothing  # labels: (batch * seq,)
+        flat_logits, labels.reshape(-1), ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing  # (batch * seq,)
     )
 
 
@@ -340,31 +484,36 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
+        shift_labels: torch.LongTensor | None = None,
         **kwargs,
-    ) -> CausalLMOutputWithPast:
+    ) -> CausalLMOutputWithPast | tuple:
         """(batch, seq) ids -> logits (batch, seq, vocab); with `labels` (batch, seq), the shifted LM loss.
 
-        Labels are the input ids themselves (the shift happens here); -100 marks positions to ignore.
+        Labels are the input ids themselves (the shift happens here); or pass `shift_labels` (batch, seq), the
+        targets already aligned with each position, which are used as they are. -100 marks positions to ignore.
+        Extra keyword arguments (e.g. Trainer's `num_items_in_batch`) go to the loss function.
+        `return_dict=False` (or `config.return_dict=False`) returns `output.to_tuple()`.
         """
+        return_dict = self.config.return_dict if return_dict is None else return_dict
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
         )
         hidden_states = outputs.last_hidden_state
         if logits_to_keep:
             hidden_states = hidden_states[:, -logits_to_keep:]
         logits = self.lm_head(hidden_states)  # (batch, seq, vocab)
         loss = None
-        if labels is not None:
-            # Shift the labels, not the logits: slicing the (batch, seq, vocab) logits would copy them forward
-            # and backward. The padded last position is ignored (-100), so the mean is over the same positions.
-            shifted = nn.functional.pad(labels[:, 1:], (0, 1), value=-100)  # (batch, seq)
-            loss = token_cross_entropy(logits, shifted)
-        return CausalLMOutputWithPast(
+        if shift_labels is not None:
+            loss = self.lm_loss(logits, shift_labels, True, "shift_labels", **kwargs)
+        elif labels is not None:
+            loss = self.lm_loss(logits, labels, False, "labels", **kwargs)
+        output = CausalLMOutputWithPast(
             loss=loss, logits=logits, past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,
         )
+        return output if return_dict else output.to_tuple()
 
 
 def shift_tokens_right(labels: torch.LongTensor, decoder_start_token_id: int, pad_token_id: int) -> torch.LongTensor:
@@ -374,7 +523,7 @@ def shift_tokens_right(labels: torch.LongTensor, decoder_start_token_id: int, pa
     """
     shifted = labels.new_full(labels.shape, decoder_start_token_id)
     shifted[:, 1:] = labels[:, :-1]
-    return shifted.masked_fill(shifted == -100, pad_token_id)
+    return shifted.masked_fill(shifted == IGNORE_INDEX, pad_token_id)
 
 
 class MiniTxForConditionalGeneration(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixin):
@@ -413,32 +562,39 @@ class MiniTxForConditionalGeneration(MiniTxLMHeadMixin, MiniTxPreTrainedModel, G
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
         **kwargs,
-    ) -> Seq2SeqLMOutput:
+    ) -> Seq2SeqLMOutput | tuple:
         """Source (batch, src) + decoder ids (batch, tgt) -> logits (batch, tgt, vocab).
 
         With `labels` (batch, tgt) and no decoder ids, the decoder input is `labels` shifted right; the loss is
-        the cross-entropy of each label (-100 ignored).
+        the cross-entropy of each label (-100 ignored): labels are already aligned with the logits.
+        `return_dict=False` (or `config.return_dict=False`) returns `output.to_tuple()`.
         """
+        if "shift_labels" in kwargs:
+            raise ValueError("shift_labels is for MiniTxForCausalLM; seq2seq labels are already aligned with the "
+                             "decoder positions: pass them as labels.")
+        return_dict = self.config.return_dict if return_dict is None else return_dict
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
+            check_labels(labels, labels.shape, "labels", self.config.vocab_size, aligned=True)  # before the shift
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, decoder_position_ids=decoder_position_ids,
             encoder_outputs=encoder_outputs, past_key_values=past_key_values, inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache,
-            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
         )
         hidden_states = outputs.last_hidden_state
         if logits_to_keep:
             hidden_states = hidden_states[:, -logits_to_keep:]
         logits = self.lm_head(hidden_states)  # (batch, tgt, vocab)
-        loss = token_cross_entropy(logits, labels) if labels is not None else None
-        return Seq2SeqLMOutput(
+        loss = self.lm_loss(logits, labels, True, "labels", **kwargs) if labels is not None else None
+        output = Seq2SeqLMOutput(
             loss=loss, logits=logits, past_key_values=outputs.past_key_values,
             decoder_hidden_states=outputs.decoder_hidden_states, decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions, encoder_last_hidden_state=outputs.encoder_last_hidden_state,
             encoder_hidden_states=outputs.encoder_hidden_states, encoder_attentions=outputs.encoder_attentions,
         )
+        return output if return_dict else output.to_tuple()
 
 
 __all__ = [

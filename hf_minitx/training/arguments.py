@@ -11,13 +11,17 @@ shipped in the package (``hf_minitx/training/presets/``), or a JSON file of your
 
 from __future__ import annotations
 
+import difflib
 import json
+import typing
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from ..models import MiniTxConfig
 
 PRESETS = resources.files(__package__) / "presets"  # JSON files shipped inside the package
 ARGS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
@@ -209,14 +213,35 @@ def load_preset(preset: str) -> dict[str, Any]:
 
 
 def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
-    """'a=1,b=0.1,c=rope' -> {'a': 1, 'b': 0.1, 'c': 'rope'} (values read as JSON when they parse)."""
+    """'a=1,b=0.1,c=rope' -> {'a': 1, 'b': 0.1, 'c': 'rope'}: each value read by the MiniTxConfig field's type.
+
+    An unknown name raises ValueError with the closest field names; so does a value of the wrong type
+    (bools take true/false/1/0/yes/no, optional fields take none/null).
+    """
+    types = {f.name: f.type for f in fields(MiniTxConfig)}
     result: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in (overrides or "").split(","))):
         if "=" not in item:
             raise ValueError(f"config override {item!r} must look like name=value (e.g. hidden_size=128)")
         name, raw = (s.strip() for s in item.split("=", 1))
+        if name not in types:
+            close = difflib.get_close_matches(name, types, n=3)
+            hint = f"; did you mean {' or '.join(close)}?" if close else "; see MiniTxConfig for the field names"
+            raise ValueError(f"config override {name!r} is not a MiniTxConfig field{hint}")
+        options = typing.get_args(types[name]) or (types[name],)  # int | None -> (int, NoneType)
+        if type(None) in options and raw.lower() in ("none", "null"):
+            result[name] = None
+            continue
+        kinds = [t for t in options if t is not type(None)]
+        kind = kinds[0] if len(kinds) == 1 and kinds[0] in (bool, int, float, str) else None
+        words = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
         try:
-            result[name] = json.loads(raw)
-        except json.JSONDecodeError:
-            result[name] = raw
+            if kind is bool:
+                result[name] = words[raw.lower()]
+            elif kind in (int, float, str):
+                result[name] = kind(raw)
+            else:
+                result[name] = json.loads(raw)
+        except (KeyError, ValueError):
+            raise ValueError(f"config override {name}={raw!r}: expected {getattr(kind, '__name__', 'JSON')}") from None
     return result
