@@ -78,6 +78,9 @@ def check_inputs(
     if attention_mask is not None and attention_mask.dim() not in (2, 4):
         raise ValueError(f"{mask_name} must be (batch, seq) with 1 for tokens and 0 for padding, got shape "
                          f"{tuple(attention_mask.shape)}. Pass the mask the tokenizer returned.")
+    if any(x is not None and x.device.type == "meta" for x in (input_ids, attention_mask, inputs_embeds)):
+        # meta tensors have shapes but no values (shape tracing): nothing to read, so assume a 2-D mask pads
+        return True if attention_mask is not None and attention_mask.dim() == 2 else None
     checks = {}
     if input_ids is not None:
         checks["ids"] = ((input_ids < 0) | (input_ids >= config.vocab_size)).any()
@@ -219,7 +222,7 @@ class MiniTxStack(nn.Module):
         kv_len = self_cache.get_mask_sizes(q_len, 0)[0] if self_cache is not None else q_len
         if not torch.compiler.is_compiling():
             past_len = int(past_len)
-            self._check_lengths(attention_mask, batch, past_len + q_len, kv_len)
+            self._check_lengths(attention_mask, batch, q_len, past_len + q_len, kv_len)
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask, q_len, past_len, inputs_embeds.device)
 
@@ -264,7 +267,18 @@ class MiniTxStack(nn.Module):
         )
         return output if return_dict else output.to_tuple()
 
-    def _check_lengths(self, attention_mask: torch.Tensor | None, batch: int, total_len: int, kv_len: int) -> None:
+    def _check_lengths(
+        self, attention_mask: torch.Tensor | None, batch: int, q_len: int, total_len: int, kv_len: int
+    ) -> None:
+        """Positions within the table; a 2-D mask (batch, cached + new) or a 4-D one (batch|1, 1|heads, new, keys)."""
+        if attention_mask is not None and attention_mask.dim() == 4:
+            mask_batch, mask_heads, mask_q, mask_k = attention_mask.shape
+            if (mask_batch not in (1, batch) or mask_heads not in (1, self.config.num_attention_heads)
+                    or mask_q != q_len or mask_k != kv_len):
+                raise ValueError(
+                    f"a 4-D attention_mask must be (batch or 1, 1 or heads, query, keys) = ({batch}, 1, {q_len}, "
+                    f"{kv_len}) for this input, got {tuple(attention_mask.shape)}; pass the 2-D (batch, seq) mask "
+                    "the tokenizer returned and let the model build the 4-D one.")
         if self.config.position_embedding_type != "rope" and total_len > self.config.max_position_embeddings:
             raise ValueError(
                 f"Sequence of {total_len} positions is longer than max_position_embeddings="
@@ -439,6 +453,8 @@ def check_labels(
             "(and no logits_to_keep when computing a loss)."
         )
     labelled = labels != IGNORE_INDEX  # (batch, seq)
+    if labels.device.type == "meta":
+        return None  # shapes only, no values to check
     bad, used = torch.stack([(labelled & ((labels < 0) | (labels >= vocab_size))).any(),
                              (labelled if aligned else labelled[:, 1:]).any()]).tolist()
     if bad:

@@ -163,3 +163,16 @@ def test_all_labels_ignored_gives_zero_loss_and_a_warning(kind):
     assert "loss is 0" in warn.call_args[0][0]
     loss.backward()  # a zero gradient, no NaN
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_meta_device_inputs_trace_shapes_without_reading_values():
+    model = tiny_causal().to("meta")
+    ids = random_ids(2, 5).to("meta")
+    out = model(ids, attention_mask=torch.ones(2, 5, dtype=torch.long, device="meta"), labels=ids)
+    assert out.logits.shape == (2, 5, 64) and out.logits.device.type == "meta"
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 5, 9), (3, 1, 5, 5), (2, 1, 4, 5), (2, 3, 5, 5)])
+def test_four_d_mask_of_the_wrong_shape_is_named(shape):
+    with pytest.raises(ValueError, match=r"4-D attention_mask must be .* = \(2, 1, 5, 5\)"):
+        tiny_causal()(random_ids(2, 5), attention_mask=torch.ones(shape, dtype=torch.bool))
