@@ -160,6 +160,7 @@ def run_identity(model_settings: dict[str, Any], data_args: DataArguments) -> di
     return {
         "model_settings": model_settings, "task": data_args.task, "dataset": data_args.dataset,
         "dataset_config": data_args.dataset_config, "block_size": data_args.block_size,
+        "sample_by": data_args.sample_by,
     }
 
 
@@ -361,7 +362,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
             data_args.dataset, task=data_args.task, dataset_config=data_args.dataset_config,
             text_column=data_args.text_column, source_column=data_args.source_column,
             target_column=data_args.target_column, validation_split=data_args.validation_split,
-            seed=train_args.seed, num_examples=data_args.num_examples,
+            seed=train_args.seed, num_examples=data_args.num_examples, sample_by=data_args.sample_by,
         )
     max_length = model_settings.get("max_position_embeddings", MiniTxConfig().max_position_embeddings)
     tokenizer = get_tokenizer(data_args, corpus, output_dir, max_length, accelerator,

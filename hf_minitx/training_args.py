@@ -57,6 +57,11 @@ class DataArguments:
     validation_split: float = field(
         default=0.05, metadata={"help": "Fraction of train carved out as validation when the corpus has none."}
     )
+    sample_by: Literal["document", "paragraph", "line"] = field(
+        default="document",
+        metadata={"help": "causal-lm: what ends a sample (EOS). document: a text file, or a record row; paragraph: "
+                          "a blank line; line: a line break. Record rows with paragraph/line are lines of one text."},
+    )
     num_examples: int | None = field(
         default=None, metadata={"help": "Size of generated built-in tasks (builtin:numbers-*); default 20,000."}
     )

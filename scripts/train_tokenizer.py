@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--text_column", default="text", help="text column (causal-lm)")
     parser.add_argument("--source_column", default=None, help="source column (seq2seq)")
     parser.add_argument("--target_column", default=None, help="target column (seq2seq)")
+    parser.add_argument("--sample_by", choices=["document", "paragraph", "line"], default="document",
+                        help="what ends a sample, as in training (causal-lm); the text is the same either way")
     parser.add_argument("--num_examples", type=int, default=None, help="size of generated builtin tasks")
     parser.add_argument("--vocab_size", type=int, default=8192, help="vocabulary size, special tokens included")
     parser.add_argument("--min_frequency", type=int, default=2, help="minimum pair count for a merge")
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> Path:
         seed=args.seed,
         streaming=args.streaming,
         num_examples=args.num_examples,
+        sample_by=args.sample_by,
     )
     start = time.perf_counter()
     tokenizer = train_bpe_tokenizer(
