@@ -74,22 +74,17 @@ def generate_texts(
     """Outputs of an encoder-decoder model for ``sources``, in batches; ``generate_kwargs`` (e.g.
     max_new_tokens, num_beams, do_sample) go to ``generate()``.
 
-    Sources are encoded like the training data (ids + EOS, right padding), so train and test inputs
-    look the same to the encoder.
+    This is the plain Hugging Face path, ``model.generate(**tokenizer(sources, return_tensors="pt",
+    padding=True))``: the tokenizer encodes sources exactly as training did (its post-processor adds
+    EOS), with its own padding side; ``max_source_length`` truncates like training.
     """
-    collate = Seq2SeqCollator(tokenizer.pad_token_id)
     device = next(model.parameters()).device
+    truncation = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
     outputs: list[str] = []
     for start in range(0, len(sources), batch_size):
-        chunk = sources[start : start + batch_size]
-        ids = tokenizer(list(chunk), add_special_tokens=False)["input_ids"]
-        if max_source_length:
-            ids = [row[: max_source_length - 1] for row in ids]
-        batch = collate([{"input_ids": row + [tokenizer.eos_token_id]} for row in ids])
-        generated = model.generate(
-            input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-            **generate_kwargs,
-        )  # (batch, new tokens)
+        chunk = list(sources[start : start + batch_size])
+        encoded = tokenizer(chunk, return_tensors="pt", padding=True, **truncation).to(device)
+        generated = model.generate(**encoded, **generate_kwargs)  # (batch, new tokens)
         outputs.extend(text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True))
     return outputs
 

@@ -156,13 +156,14 @@ def tokenize_and_pack(
 def _tokenize_pairs(
     batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, eos_id: int, max_source: int, max_target: int
 ) -> dict:
-    """Source and target ids, each truncated to its maximum length including the final EOS."""
-    sources = tokenizer([t or "" for t in batch["source"]], add_special_tokens=False)["input_ids"]
+    """Sources exactly as ``tokenizer(sources, truncation=True, max_length=max_source)`` encodes them
+    (the saved tokenizer is the one source of truth for the encoder's input: its post-processor adds
+    EOS); labels are target ids + EOS, truncated to ``max_target`` including the EOS."""
+    encoded = tokenizer([t or "" for t in batch["source"]], truncation=True, max_length=max_source)
     targets = tokenizer([t or "" for t in batch["target"]], add_special_tokens=False)["input_ids"]
-    input_ids = [ids[: max_source - 1] + [eos_id] for ids in sources]
     return {
-        "input_ids": input_ids,
-        "attention_mask": [[1] * len(ids) for ids in input_ids],
+        "input_ids": encoded["input_ids"],
+        "attention_mask": encoded["attention_mask"],
         "labels": [ids[: max_target - 1] + [eos_id] for ids in targets],
     }
 
@@ -177,8 +178,11 @@ def preprocess_seq2seq(
 ) -> AnyDatasetDict:
     """Tokenize ``source``/``target`` into unpadded ``input_ids``, ``attention_mask`` and ``labels``.
 
-    Both sides end with EOS and are truncated to the given lengths (EOS included). No BOS is added to
-    labels: the model builds ``decoder_input_ids`` by shifting labels right after the start token.
+    Sources are encoded by the tokenizer itself, special tokens included (``train_bpe_tokenizer(...,
+    add_eos_token=True)`` appends EOS, as BART/T5 tokenizers do), so ``tokenizer(source)`` at inference
+    gives the same ids. Labels end with EOS. Both are truncated to the given lengths (EOS included).
+    No BOS is added to labels: the model builds ``decoder_input_ids`` by shifting labels right after
+    the start token.
     """
     if max_source_length < 2 or max_target_length < 2:
         raise ValueError(f"max lengths must be >= 2, got {max_source_length} and {max_target_length}")

@@ -180,6 +180,7 @@ def get_tokenizer(
             tokenizer = train_bpe_tokenizer(
                 iter_training_texts(corpus["train"], max_texts=data_args.tokenizer_max_texts, seed=seed),
                 data_args.tokenizer_vocab_size, model_max_length=max_length,
+                add_eos_token=data_args.task == "seq2seq",  # sources end with EOS, in training and in use
             )
             tokenizer.save_pretrained(output_dir)
         accelerator.wait_for_everyone()

@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> Path:
         args.vocab_size,
         min_frequency=args.min_frequency,
         model_max_length=args.model_max_length,
+        add_eos_token=task == "seq2seq",  # seq2seq sources end with EOS, as training encodes them
     )
     output_dir = Path(args.output_dir)
     tokenizer.save_pretrained(output_dir)

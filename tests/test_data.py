@@ -318,7 +318,13 @@ def test_second_run_reuses_the_cache(tmp_path, monkeypatch, tokenizer):
 # --- seq2seq ------------------------------------------------------------------------------------
 
 
-def test_seq2seq_preprocessing_and_collation(tokenizer):
+@pytest.fixture(scope="module")
+def seq2seq_tokenizer():
+    return train_bpe_tokenizer(DOCS * 3, vocab_size=400, min_frequency=1, add_eos_token=True)
+
+
+def test_seq2seq_preprocessing_and_collation(seq2seq_tokenizer):
+    tokenizer = seq2seq_tokenizer
     dd = datasets.DatasetDict({
         "train": datasets.Dataset.from_dict({
             "source": ["the quick brown fox " * 10, "lazy dogs"],
@@ -331,6 +337,8 @@ def test_seq2seq_preprocessing_and_collation(tokenizer):
         src = tokenizer(source, add_special_tokens=False)["input_ids"]
         tgt = tokenizer(target, add_special_tokens=False)["input_ids"]
         assert row["input_ids"] == src[:11] + [eos] and row["attention_mask"] == [1] * len(row["input_ids"])
+        # the tokenizer itself encodes sources as training does (its post-processor appends EOS)
+        assert row["input_ids"] == tokenizer(source, truncation=True, max_length=12)["input_ids"]
         assert row["labels"] == tgt[:8] + [eos] and tokenizer.bos_token_id not in row["labels"]
     assert tokenizer.padding_side == "left"
     batch = seq2seq_collator(tokenizer)([rows[0], rows[1]])
