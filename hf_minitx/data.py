@@ -46,6 +46,7 @@ __all__ = [
     "load_corpus",
     "corpus_task",
     "iter_training_texts",
+    "as_samples",
     "rows_from_lines",
     "tokenize_and_pack",
     "preprocess_seq2seq",
