@@ -1,9 +1,14 @@
-"""Data: corpora (`load_corpus`), the byte-level BPE tokenizer, tokenization and packing."""
+"""Data: corpora (`load_corpus`), the byte-level BPE tokenizer, tokenization and packing.
+
+A row of a causal-lm corpus is a piece of text; `doc_end` marks the row that ends a document (a sample),
+and packing puts EOS only there.
+"""
 
 from .builtin import BUILTIN_CORPORA
-from .corpus import TASKS, corpus_task, iter_training_texts, load_corpus
+from .corpus import TASKS, as_samples, corpus_task, iter_training_texts, load_corpus, rows_from_lines
 from .preprocessing import preprocess_seq2seq, seq2seq_collator, tokenize_and_pack
 from .tokenizer import load_tokenizer, train_bpe_tokenizer
 
-__all__ = ["BUILTIN_CORPORA", "TASKS", "load_corpus", "corpus_task", "iter_training_texts", "tokenize_and_pack",
-           "preprocess_seq2seq", "seq2seq_collator", "train_bpe_tokenizer", "load_tokenizer"]
+__all__ = ["BUILTIN_CORPORA", "TASKS", "load_corpus", "as_samples", "rows_from_lines", "corpus_task",
+           "iter_training_texts", "tokenize_and_pack", "preprocess_seq2seq", "seq2seq_collator",
+           "train_bpe_tokenizer", "load_tokenizer"]

@@ -7,31 +7,47 @@ Accepted forms (see README, section Data):
   (``data/*.txt``) or a comma-separated list (``a.txt,b.txt``);
 * anything else goes to ``datasets.load_dataset(name, config)``: a Hub id, or a local folder.
 
-Columns are normalised: ``causal-lm`` gives one ``text`` column, ``seq2seq`` gives ``source`` and
+Columns are normalised: ``causal-lm`` gives ``text`` and ``doc_end``, ``seq2seq`` gives ``source`` and
 ``target``. Every bad input raises one clear error before any training starts.
+
+Causal-LM rows: the rows of a split, concatenated in order, are the corpus text byte for byte; a row
+with ``doc_end=True`` ends a sample, and packing puts EOS there and nowhere else. A text file (from a
+path, list, glob, folder or Hub dataset of text files) is one document by default, read in chunks of
+about ``TEXT_CHUNK_CHARS`` characters cut at line boundaries (``doc_end=False`` on all but the last), so
+a large file never becomes one giant row. ``sample_by`` (``document``, ``paragraph``, ``line``) says where
+samples end instead. Record rows (json, csv, parquet, Hub tables, built-ins) are documents; with
+``paragraph`` or ``line`` they are taken as the consecutive lines of one text (wikitext style). The
+flag is computed row by row, so it works the same for a streaming ``IterableDataset``.
 """
 
 from __future__ import annotations
 
 import glob
+import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import datasets
-from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
+import numpy as np
+from datasets import Dataset, DatasetDict, Features, IterableDataset, IterableDatasetDict, Value
 from datasets.exceptions import DatasetGenerationError
+from datasets.fingerprint import Hasher
+from datasets.utils.file_utils import xopen
 
 from .builtin import BUILTIN_CORPORA, BUILTIN_PREFIX, get_builtin
 from .preprocessing import preprocess_seq2seq, seq2seq_collator, tokenize_and_pack
 
 __all__ = [
     "BUILTIN_CORPORA",
+    "SAMPLE_BY",
     "TASKS",
     "load_corpus",
     "corpus_task",
     "iter_training_texts",
+    "as_samples",
+    "rows_from_lines",
     "tokenize_and_pack",
     "preprocess_seq2seq",
     "seq2seq_collator",
@@ -40,6 +56,10 @@ __all__ = [
 TASKS = ("causal-lm", "seq2seq")
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 VALIDATION_ALIASES = ("validation", "valid", "val", "dev")
+SAMPLE_BY = ("document", "paragraph", "line")
+TEXT_CHUNK_CHARS = 1 << 20  # a text file is read in rows of about this many characters
+DOC_END = "doc_end"
+TEXT_ROW_FEATURES = Features({"text": Value("string"), DOC_END: Value("bool")})
 
 AnyDataset = Dataset | IterableDataset
 AnyDatasetDict = DatasetDict | IterableDatasetDict
@@ -57,26 +77,31 @@ def load_corpus(
     seed: int = 42,
     streaming: bool = False,
     num_examples: int | None = None,
+    sample_by: str = "document",
 ) -> DatasetDict | IterableDatasetDict:
     """Load ``dataset`` (builtin name, local file(s) or Hub id) as normalised train/validation splits.
 
-    ``validation_split`` (a fraction if float, a row count if int) carves a validation split from
-    train, deterministically from ``seed``, when the source has none. ``num_examples`` sizes the
-    generated built-in tasks (``builtin:numbers-*``). With ``streaming=True`` nothing is loaded in
-    memory and an ``IterableDatasetDict`` is returned.
+    ``validation_split`` (a fraction if float, a count of samples if int) carves a validation split
+    from train, deterministically from ``seed``, when the source has none: whole samples (documents,
+    or paragraphs/lines with ``sample_by``) go to one side; a corpus of one document gives the last
+    fraction of its lines. ``sample_by`` says what ends a causal-LM sample (module docstring).
+    ``num_examples`` sizes the generated built-in tasks. With ``streaming=True`` nothing is loaded in
+    memory, an ``IterableDatasetDict`` is returned and validation is carved by rows.
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    if sample_by not in SAMPLE_BY:
+        raise ValueError(f"sample_by must be one of {SAMPLE_BY}, got {sample_by!r}")
     _check_validation_split(validation_split, streaming)
-    raw = _load_raw(dataset, dataset_config, streaming, num_examples, seed)
-    splits = _with_validation(raw, dataset, validation_split, seed, streaming)
-    normalised = {
-        name: _normalise_columns(split, dataset, task, text_column, source_column, target_column)
-        for name, split in splits.items()
-    }
-    for name, split in normalised.items():
+    raw = _pick_splits(_load_raw(dataset, dataset_config, streaming, num_examples, seed, sample_by), dataset)
+    splits = {}
+    for name, split in raw.items():
+        split = _normalise_columns(split, dataset, task, text_column, source_column, target_column)
+        splits[name] = as_samples(split, sample_by) if task == "causal-lm" else split
+    splits = _with_validation(splits, dataset, validation_split, seed, streaming)
+    for name, split in splits.items():
         _check_not_empty(split, dataset, name)
-    return IterableDatasetDict(normalised) if streaming else DatasetDict(normalised)
+    return IterableDatasetDict(splits) if streaming else DatasetDict(splits)
 
 
 def corpus_task(dataset: str) -> str | None:
@@ -87,8 +112,10 @@ def corpus_task(dataset: str) -> str | None:
 def iter_training_texts(split: AnyDataset, max_texts: int | None = None, seed: int = 42) -> Iterator[str]:
     """Yield the texts of a normalised split (both sides for seq2seq), e.g. to train a tokenizer.
 
-    With ``max_texts``, a map-style split is sampled (shuffled with ``seed``) and a streaming split is
-    cut after its first ``max_texts`` rows, so memory stays bounded on large corpora.
+    The texts are the rows as training reads them, newlines included; chunks of a long document are
+    cut where the tokenizer's pre-tokenizer would split anyway. With ``max_texts``, a map-style split
+    is sampled (shuffled with ``seed``) and a streaming split is cut after its first ``max_texts`` rows,
+    so memory stays bounded on large corpora.
     """
     if max_texts is not None:
         if isinstance(split, Dataset):
@@ -102,11 +129,91 @@ def iter_training_texts(split: AnyDataset, max_texts: int | None = None, seed: i
             yield from (text for text in batch[column] if text)
 
 
+# --- documents and samples ----------------------------------------------------------------------
+
+
+def _clean_cut(line: str, next_line: str) -> bool:
+    """Whether a chunk may end after ``line``: a non-space character, one line break, then a line that
+    starts with a non-space character. Byte-level BPE splits there anyway, so chunks tokenize like the
+    whole document."""
+    body = line.rstrip("\r\n")
+    return bool(body) and not body[-1].isspace() and bool(next_line) and not next_line[0].isspace()
+
+
+def rows_from_lines(lines: Iterable[str], sample_by: str, chunk_chars: int | None = None) -> Iterator[dict]:
+    """Group the lines of one text (each with its line break) into ``{"text", "doc_end"}`` rows.
+
+    ``document``: the whole text is one sample; ``paragraph``: a sample ends after its blank line(s);
+    ``line``: every line is a sample. A sample longer than ``chunk_chars`` is cut into several rows at
+    line boundaries (``doc_end=False`` on all but its last), preferably at clean cuts, at the latest
+    at twice the size. The rows' texts concatenate to the input exactly.
+    """
+    chunk_chars = chunk_chars or TEXT_CHUNK_CHARS
+    pending: list[str] = []
+    size, has_text, previous = 0, False, None
+    for line in lines:
+        if previous is not None:
+            blank = not line.strip()
+            if sample_by == "line" or (sample_by == "paragraph" and has_text and not previous.strip() and not blank):
+                yield {"text": "".join(pending), DOC_END: True}
+                pending, size, has_text = [], 0, False
+            elif size >= chunk_chars and (_clean_cut(previous, line) or size >= 2 * chunk_chars):
+                yield {"text": "".join(pending), DOC_END: False}
+                pending, size = [], 0
+        pending.append(line)
+        size += len(line)
+        has_text = has_text or bool(line.strip())
+        previous = line
+    if pending:
+        yield {"text": "".join(pending), DOC_END: True}
+
+
+def _text_file_rows(files: list[str], sample_by: str, chunk_chars: int) -> Iterator[dict]:
+    """Rows of text files, one document per file; newlines kept as they are (``newline=""``)."""
+    for path in files:
+        with xopen(path, "r", encoding="utf-8", newline="") as handle:
+            yield from rows_from_lines(handle, sample_by, chunk_chars)
+
+
+def _record_rows(split: AnyDataset, sample_by: str, chunk_chars: int) -> Iterator[dict]:
+    """Rows of a record split read as consecutive lines of one text (each row ends with a line break)."""
+
+    def lines() -> Iterator[str]:
+        for batch in split.iter(batch_size=1000):
+            for text in batch["text"]:
+                if text is None:
+                    continue
+                yield from (text if text.endswith(("\n", "\r")) else text + "\n").splitlines(keepends=True)
+
+    yield from rows_from_lines(lines(), sample_by, chunk_chars)
+
+
+def _every_row_ends_a_document(batch: dict[str, list]) -> dict[str, list]:
+    return {DOC_END: [True] * len(batch["text"])}
+
+
+def as_samples(split: AnyDataset, sample_by: str = "document") -> AnyDataset:
+    """A causal-LM split with its ``doc_end`` column (text-file rows already have it).
+
+    Record rows are documents with ``sample_by="document"``; otherwise they are regrouped as the lines
+    of one text (wikitext style: a row is a line; ``paragraph`` ends samples at blank lines).
+    """
+    if DOC_END in (split.column_names or []):
+        return split
+    if sample_by == "document":
+        return split.map(_every_row_ends_a_document, batched=True, features=TEXT_ROW_FEATURES)
+    kwargs = {"split": split, "sample_by": sample_by, "chunk_chars": TEXT_CHUNK_CHARS}
+    if isinstance(split, IterableDataset):
+        return IterableDataset.from_generator(_record_rows, features=TEXT_ROW_FEATURES, gen_kwargs=kwargs)
+    return Dataset.from_generator(_record_rows, features=TEXT_ROW_FEATURES, gen_kwargs=kwargs,
+                                  fingerprint=Hasher.hash([split._fingerprint, sample_by, TEXT_CHUNK_CHARS]))
+
+
 # --- loading ------------------------------------------------------------------------------------
 
 
 def _load_raw(
-    dataset: str, config: str | None, streaming: bool, num_examples: int | None, seed: int
+    dataset: str, config: str | None, streaming: bool, num_examples: int | None, seed: int, sample_by: str
 ) -> dict[str, AnyDataset]:
     if not isinstance(dataset, str) or not dataset.strip():
         raise ValueError(f"dataset must be a non-empty string, got {dataset!r}")
@@ -115,8 +222,8 @@ def _load_raw(
         return {"train": train.to_iterable_dataset() if streaming else train}
     files = _local_files(dataset)
     if files is not None:
-        return _load_files(files, streaming)
-    return _load_with_datasets(dataset, config, streaming)
+        return _load_files(files, streaming, sample_by)
+    return _load_with_datasets(dataset, config, streaming, sample_by)
 
 
 def _looks_like_path(dataset: str) -> bool:
@@ -151,7 +258,7 @@ def _local_files(dataset: str) -> list[str] | None:
     return files
 
 
-def _load_files(files: list[str], streaming: bool) -> dict[str, AnyDataset]:
+def _load_files(files: list[str], streaming: bool, sample_by: str) -> dict[str, AnyDataset]:
     builders = {FILE_BUILDERS.get(Path(f).suffix.lower()) for f in files}
     if None in builders:
         unknown = sorted({Path(f).suffix or f for f in files if Path(f).suffix.lower() not in FILE_BUILDERS})
@@ -162,21 +269,46 @@ def _load_files(files: list[str], streaming: bool) -> dict[str, AnyDataset]:
     empty = [f for f in files if os.path.getsize(f) == 0]
     if empty:
         raise ValueError(f"dataset file(s) {empty} are empty: there is nothing to train on")
-    # A .txt file: one row per paragraph (blank-line separated), so that EOS separates paragraphs and
-    # not every wrapped line.
-    kwargs = {"sample_by": "paragraph"} if builder == "text" else {}
-    return _call_load_dataset(",".join(files), builder, data_files={"train": files}, streaming=streaming, **kwargs)
+    if builder == "text":
+        return _guarded(",".join(files), _load_text_files, {"train": files}, streaming, sample_by)
+    return _guarded(",".join(files), datasets.load_dataset, builder, data_files={"train": files}, streaming=streaming)
 
 
-def _load_with_datasets(name: str, config: str | None, streaming: bool) -> dict[str, AnyDataset]:
-    """``datasets.load_dataset(name, config)``: a Hub id or a local folder of data files."""
-    return _call_load_dataset(name, name, config, streaming=streaming)
+def _files_key(files: list[str]) -> list:
+    """What identifies the files' content for the cache: size and mtime of local files, else the path
+    (Hub paths carry the commit)."""
+    return [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) if os.path.isfile(f) else f for f in files]
 
 
-def _call_load_dataset(name: str, *args: Any, **kwargs: Any) -> dict[str, AnyDataset]:
-    """Call ``datasets.load_dataset`` and turn its failures into one clear error each."""
+def _load_text_files(data_files: dict[str, list[str]], streaming: bool, sample_by: str) -> dict[str, AnyDataset]:
+    """One split per entry of ``data_files``; each file is one document (``sample_by`` may cut it)."""
+    splits: dict[str, AnyDataset] = {}
+    for name, files in data_files.items():
+        kwargs = {"files": [str(f) for f in files], "sample_by": sample_by, "chunk_chars": TEXT_CHUNK_CHARS}
+        if streaming:
+            splits[str(name)] = IterableDataset.from_generator(
+                _text_file_rows, features=TEXT_ROW_FEATURES, gen_kwargs=kwargs)
+        else:
+            key = Hasher.hash(["text-files", _files_key(kwargs["files"]), sample_by, TEXT_CHUNK_CHARS])
+            splits[str(name)] = Dataset.from_generator(
+                _text_file_rows, features=TEXT_ROW_FEATURES, gen_kwargs=kwargs, fingerprint=key)
+    return splits
+
+
+def _load_with_datasets(name: str, config: str | None, streaming: bool, sample_by: str) -> dict[str, AnyDataset]:
+    """``datasets.load_dataset(name, config)``: a Hub id or a local folder of data files. Text files
+    (what datasets' ``text`` builder would read line by line) are read as documents instead."""
+    builder = _guarded(name, datasets.load_dataset_builder, name, config)
+    if builder.name == "text" and builder.config.data_files:
+        files = {split: list(paths) for split, paths in builder.config.data_files.items()}
+        return _guarded(name, _load_text_files, files, streaming, sample_by)
+    return _guarded(name, datasets.load_dataset, name, config, streaming=streaming)
+
+
+def _guarded(name: str, load: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call a datasets loading function and turn its failures into one clear error each."""
     try:
-        loaded = datasets.load_dataset(*args, **kwargs)
+        loaded = load(*args, **kwargs)
     except ConnectionError as err:
         offline = datasets.config.HF_HUB_OFFLINE or os.environ.get("HF_DATASETS_OFFLINE") == "1"
         hint = (
@@ -202,7 +334,7 @@ def _call_load_dataset(name: str, *args: Any, **kwargs: Any) -> dict[str, AnyDat
         ) from err
     if isinstance(loaded, (Dataset, IterableDataset)):  # pragma: no cover - load_dataset without split
         return {"train": loaded}
-    return dict(loaded)
+    return dict(loaded) if isinstance(loaded, dict) else loaded
 
 
 # --- splits -------------------------------------------------------------------------------------
@@ -217,31 +349,99 @@ def _check_validation_split(validation_split: float | int, streaming: bool) -> N
         raise ValueError(f"validation_split as a row count must be >= 1, got {validation_split}")
 
 
-def _with_validation(
-    raw: dict[str, AnyDataset], dataset: str, validation_split: float | int, seed: int, streaming: bool
-) -> dict[str, AnyDataset]:
-    """Return train and validation (plus test if present), carving validation from train if needed."""
-    splits = dict(raw)
+def _pick_splits(raw: dict[str, AnyDataset], dataset: str) -> dict[str, AnyDataset]:
+    """train, validation (under any usual alias) and test; other splits are left out."""
+    splits = {str(k): v for k, v in raw.items()}
     if "train" not in splits:
         raise ValueError(f"dataset {dataset!r} has no 'train' split; its splits are {sorted(splits)}")
     for alias in VALIDATION_ALIASES:
         if alias in splits:
             splits["validation"] = splits.pop(alias)
             break
-    else:
-        _check_not_empty(splits["train"], dataset, "train")
-        if streaming:
-            splits["train"], splits["validation"] = _carve_streaming(splits["train"], validation_split)
-        else:
-            train = splits["train"]
-            if isinstance(validation_split, int) and validation_split >= len(train):
-                raise ValueError(
-                    f"validation_split={validation_split} rows leaves nothing to train on: "
-                    f"{dataset!r} has {len(train)} training rows"
-                )
-            parts = train.train_test_split(test_size=validation_split, seed=seed, shuffle=True)
-            splits["train"], splits["validation"] = parts["train"], parts["test"]
     return {k: v for k, v in splits.items() if k in ("train", "validation", "test")}
+
+
+def _with_validation(
+    splits: dict[str, AnyDataset], dataset: str, validation_split: float | int, seed: int, streaming: bool
+) -> dict[str, AnyDataset]:
+    """Return the splits, carving validation from train when there is none."""
+    if "validation" in splits:
+        return splits
+    splits = dict(splits)
+    _check_not_empty(splits["train"], dataset, "train")
+    if streaming:
+        splits["train"], splits["validation"] = _carve_streaming(splits["train"], validation_split)
+    else:
+        splits["train"], splits["validation"] = _carve(splits["train"], dataset, validation_split, seed)
+    return splits
+
+
+def _carve(train: Dataset, dataset: str, validation_split: float | int, seed: int) -> tuple[Dataset, Dataset]:
+    """Whole samples to validation, chosen with ``seed`` (``train_test_split`` over the samples)."""
+    if DOC_END in train.column_names:
+        ends = np.asarray(train[DOC_END], dtype=bool)
+        ends[-1] = True
+    else:
+        ends = np.ones(len(train), dtype=bool)
+    starts = np.flatnonzero(np.r_[True, ends[:-1]])
+    stops = np.r_[starts[1:], len(ends)]
+    if len(starts) == 1 and DOC_END in train.column_names:
+        if isinstance(validation_split, int):
+            raise ValueError(f"{dataset!r} is a single document, so validation_split must be a fraction of its "
+                             f"text (e.g. 0.05), not a count ({validation_split})")
+        return _split_document(train, validation_split)
+    if isinstance(validation_split, int) and validation_split >= len(starts):
+        raise ValueError(
+            f"validation_split={validation_split} samples leaves nothing to train on: "
+            f"{dataset!r} has {len(starts)} training samples"
+        )
+    order = Dataset.from_dict({"sample": range(len(starts))})
+    parts = order.train_test_split(test_size=validation_split, seed=seed, shuffle=True)
+
+    def rows(samples: list[int]) -> Dataset:
+        return train.select([i for s in samples for i in range(starts[s], stops[s])])
+
+    return rows(parts["train"]["sample"]), rows(parts["test"]["sample"])
+
+
+def _document_part(split: Dataset, cut: int, validation: bool) -> Iterator[dict]:
+    """Rows of the lines of a one-document split that start before (train) or at/after (validation)
+    ``cut``. The train part does not end the document: it goes on in validation."""
+
+    def lines() -> Iterator[str]:
+        seen = 0
+        for batch in split.iter(batch_size=100):
+            for text in batch["text"]:
+                for line in text.splitlines(keepends=True):
+                    if (seen >= cut) == validation:
+                        yield line
+                    seen += len(line)
+
+    previous = None
+    for row in rows_from_lines(lines(), "document", TEXT_CHUNK_CHARS):
+        if previous is not None:
+            yield previous
+        previous = row
+    if previous is not None:
+        yield {**previous, DOC_END: validation}
+
+
+def _split_document(split: Dataset, fraction: float) -> tuple[Dataset, Dataset]:
+    """A one-document split: validation is the last ``fraction`` of its characters, from a line start."""
+    total = sum(len(text) for batch in split.iter(batch_size=100) for text in batch["text"])
+    cut = total - math.ceil(fraction * total)
+    parts = []
+    for validation in (False, True):
+        key = Hasher.hash([split._fingerprint, "document-part", cut, validation, TEXT_CHUNK_CHARS])
+        try:
+            parts.append(Dataset.from_generator(_document_part, features=TEXT_ROW_FEATURES, fingerprint=key,
+                                                gen_kwargs={"split": split, "cut": cut, "validation": validation}))
+        except ValueError as err:
+            if "corresponds to no data" not in str(err):
+                raise
+            raise ValueError("the corpus is a single document with too few lines to carve a validation split from "
+                             "its end; give a validation file, more text, or --sample_by paragraph|line") from err
+    return parts[0], parts[1]
 
 
 def _carve_streaming(train: IterableDataset, validation_split: float | int) -> tuple[IterableDataset, ...]:
@@ -304,6 +504,7 @@ def _normalise_columns(
             dtype = getattr(features[column], "dtype", None)
             if dtype not in ("string", "large_string"):
                 raise ValueError(f"column {column!r} of {dataset!r} must hold strings, but its type is {features[column]}")
-    split = split.select_columns(list(wanted))
+    keep = list(wanted) + ([DOC_END] if task == "causal-lm" and DOC_END in columns else [])
+    split = split.select_columns(keep)
     renames = {old: new for old, new in wanted.items() if old != new}
     return split.rename_columns(renames) if renames else split

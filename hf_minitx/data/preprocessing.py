@@ -15,7 +15,7 @@ from datasets import Dataset, DatasetDict, Features, IterableDataset, IterableDa
 from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
-PREPROCESSING_VERSION = "1"  # bump when the output of a function here changes
+PREPROCESSING_VERSION = "2"  # bump when the output of a function here changes
 LABEL_PAD_ID = -100
 BLOCK_FEATURES = Features({"input_ids": Sequence(Value("int64")), "labels": Sequence(Value("int64"))})
 
@@ -48,24 +48,34 @@ def _fingerprint(split: Dataset, *parts: Any) -> str:
 
 
 def _tokenize_documents(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, eos_id: int) -> dict:
-    """Tokenize each non-empty document and append EOS (empty or missing documents are skipped)."""
-    texts = [t for t in batch["text"] if t]
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-    return {"ids": [doc + [eos_id] for doc in ids]}
+    """Tokenize each non-empty row; EOS follows a row that ends a document (``doc_end``, default True).
+
+    No special token is added inside a document: a causal tokenizer's post-processor adds none, so these
+    ids are what ``tokenizer(document)`` gives.
+    """
+    ends = batch.get("doc_end") or [True] * len(batch["text"])
+    rows = [(text, end) for text, end in zip(batch["text"], ends, strict=True) if text]
+    ids = tokenizer([text for text, _ in rows], add_special_tokens=False)["input_ids"] if rows else []
+    return {"ids": [doc + [eos_id] if end else doc for doc, (_, end) in zip(ids, rows, strict=True)]}
 
 
-def _pack(documents: Any, block_size: int, pad_id: int, drop_remainder: bool) -> Iterator[dict]:
-    """Concatenate the documents' ids and cut them into ``block_size`` blocks, carrying over batches."""
-    buffer: list[int] = []
+def _pack(
+    documents: Any, block_size: int, pad_id: int, drop_remainder: bool, overlap: int = 0, prefix: tuple = ()
+) -> Iterator[dict]:
+    """Concatenate the documents' ids (after ``prefix``) and cut them into ``block_size`` blocks, carrying
+    over batches; consecutive blocks share ``overlap`` tokens. The rest is dropped or right-padded."""
+    buffer: list[int] = list(prefix)
+    step = block_size - overlap
     for batch in documents.iter(batch_size=1000):
         for doc in batch["ids"]:
             buffer.extend(doc)
-        full = len(buffer) // block_size * block_size
-        for start in range(0, full, block_size):
+        start = 0
+        while len(buffer) - start >= block_size:
             block = buffer[start : start + block_size]
             yield {"input_ids": block, "labels": block}
-        buffer = buffer[full:]
-    if buffer and not drop_remainder:
+            start += step
+        buffer = buffer[start:]
+    if len(buffer) > overlap and not drop_remainder:
         padding = block_size - len(buffer)
         yield {"input_ids": buffer + [pad_id] * padding, "labels": buffer + [LABEL_PAD_ID] * padding}
 
@@ -77,18 +87,25 @@ def tokenize_and_pack(
     *,
     num_proc: int | None = None,
     drop_remainder: bool = True,
+    for_evaluation: bool = False,
 ) -> AnyDatasetDict:
-    """Tokenize the ``text`` column, append EOS to each document and pack into ``block_size`` blocks.
+    """Tokenize the ``text`` column, put EOS where a document ends and pack into ``block_size`` blocks.
 
-    Blocks span document boundaries, so no token is lost except at the very end of each split: with
-    ``drop_remainder=True`` (default) the last ``< block_size`` tokens of a split are dropped; with
-    False they form a last block right-padded with ``<pad>`` (labels ``-100``). Padding at the end of
-    a causal block is never attended to by real tokens. ``labels`` equal ``input_ids``; the model
-    shifts them. Every row is exactly ``block_size`` long.
+    A row ends a document when its ``doc_end`` is True (every row when there is no such column), so
+    the chunks of one document are joined with nothing between them. Blocks span document boundaries,
+    so no token is lost except at the very end of each split: with ``drop_remainder=True`` (default)
+    the last ``< block_size`` tokens of a split are dropped; with False they form a last block
+    right-padded with ``<pad>`` (labels ``-100``). ``labels`` equal ``input_ids``; the model shifts them.
+    Every row is exactly ``block_size`` long.
+
+    ``for_evaluation=True`` makes every token of a split predicted exactly once: the stream starts
+    with EOS (the context of a document start), consecutive blocks share one token, and the last
+    partial block is kept (padded).
     """
     if block_size < 2:
         raise ValueError(f"block_size must be >= 2, got {block_size}")
     eos_id = _required_id(tokenizer, "eos")
+    drop_remainder = drop_remainder and not for_evaluation
     pad_id = eos_id if drop_remainder else _required_id(tokenizer, "pad")
     tok_key = tokenizer_fingerprint(tokenizer)
     out = {}
@@ -96,7 +113,8 @@ def tokenize_and_pack(
         if "text" not in (split.column_names or []):
             raise ValueError(f"split {name!r} has no 'text' column (columns: {split.column_names}); use load_corpus")
         fn_kwargs = {"tokenizer": tokenizer, "eos_id": eos_id}
-        pack_kwargs = {"block_size": block_size, "pad_id": pad_id, "drop_remainder": drop_remainder}
+        pack_kwargs = {"block_size": block_size, "pad_id": pad_id, "drop_remainder": drop_remainder,
+                       "overlap": int(for_evaluation), "prefix": (eos_id,) if for_evaluation else ()}
         if isinstance(split, IterableDataset):
             docs = split.map(_tokenize_documents, batched=True, remove_columns=split.column_names,
                              fn_kwargs=fn_kwargs)
@@ -118,7 +136,7 @@ def tokenize_and_pack(
                 _pack,
                 features=BLOCK_FEATURES,
                 gen_kwargs={"documents": docs, **pack_kwargs},
-                fingerprint=_fingerprint(docs, "pack", block_size, pad_id, drop_remainder),
+                fingerprint=_fingerprint(docs, "pack", block_size, pad_id, drop_remainder, for_evaluation),
             )
         except ValueError as err:  # datasets refuses to build a split with no rows
             if "corresponds to no data" not in str(err):
@@ -138,13 +156,14 @@ def tokenize_and_pack(
 def _tokenize_pairs(
     batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, eos_id: int, max_source: int, max_target: int
 ) -> dict:
-    """Source and target ids, each truncated to its maximum length including the final EOS."""
-    sources = tokenizer([t or "" for t in batch["source"]], add_special_tokens=False)["input_ids"]
+    """Sources exactly as ``tokenizer(sources, truncation=True, max_length=max_source)`` encodes them
+    (the saved tokenizer is the one source of truth for the encoder's input: its post-processor adds
+    EOS); labels are target ids + EOS, truncated to ``max_target`` including the EOS."""
+    encoded = tokenizer([t or "" for t in batch["source"]], truncation=True, max_length=max_source)
     targets = tokenizer([t or "" for t in batch["target"]], add_special_tokens=False)["input_ids"]
-    input_ids = [ids[: max_source - 1] + [eos_id] for ids in sources]
     return {
-        "input_ids": input_ids,
-        "attention_mask": [[1] * len(ids) for ids in input_ids],
+        "input_ids": encoded["input_ids"],
+        "attention_mask": encoded["attention_mask"],
         "labels": [ids[: max_target - 1] + [eos_id] for ids in targets],
     }
 
@@ -159,8 +178,11 @@ def preprocess_seq2seq(
 ) -> AnyDatasetDict:
     """Tokenize ``source``/``target`` into unpadded ``input_ids``, ``attention_mask`` and ``labels``.
 
-    Both sides end with EOS and are truncated to the given lengths (EOS included). No BOS is added to
-    labels: the model builds ``decoder_input_ids`` by shifting labels right after the start token.
+    Sources are encoded by the tokenizer itself, special tokens included (``train_bpe_tokenizer(...,
+    add_eos_token=True)`` appends EOS, as BART/T5 tokenizers do), so ``tokenizer(source)`` at inference
+    gives the same ids. Labels end with EOS. Both are truncated to the given lengths (EOS included).
+    No BOS is added to labels: the model builds ``decoder_input_ids`` by shifting labels right after
+    the start token.
     """
     if max_source_length < 2 or max_target_length < 2:
         raise ValueError(f"max lengths must be >= 2, got {max_source_length} and {max_target_length}")

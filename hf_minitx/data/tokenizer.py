@@ -111,6 +111,8 @@ class TokenizerArguments:
     text_column: str = field(default="text", metadata={"help": "text column (causal-lm)"})
     source_column: str | None = field(default=None, metadata={"help": "source column (seq2seq)"})
     target_column: str | None = field(default=None, metadata={"help": "target column (seq2seq)"})
+    sample_by: Literal["document", "paragraph", "line"] = field(default="document", metadata={
+        "help": "what ends a sample, as in training (causal-lm); the text is the same either way"})
     num_examples: int | None = field(default=None, metadata={"help": "size of generated builtin tasks"})
     vocab_size: int = field(default=8192, metadata={"help": "vocabulary size, special tokens included"})
     min_frequency: int = field(default=2, metadata={"help": "minimum pair count for a merge"})
@@ -135,12 +137,13 @@ def main(argv: Sequence[str] | None = None) -> Path:
     corpus = load_corpus(
         args.dataset, task=task, dataset_config=args.dataset_config, text_column=args.text_column,
         source_column=args.source_column, target_column=args.target_column, seed=args.seed,
-        streaming=args.streaming, num_examples=args.num_examples,
+        streaming=args.streaming, num_examples=args.num_examples, sample_by=args.sample_by,
     )
     start = time.perf_counter()
     tokenizer = train_bpe_tokenizer(
         iter_training_texts(corpus["train"], max_texts=args.max_texts, seed=args.seed),
         args.vocab_size, min_frequency=args.min_frequency, model_max_length=args.model_max_length,
+        add_eos_token=task == "seq2seq",  # seq2seq sources end with EOS, as training encodes them
     )
     output_dir = Path(args.output_dir)
     tokenizer.save_pretrained(output_dir)

@@ -142,6 +142,27 @@ def _training_rows(summary: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _coverage_sentence(summary: dict | None) -> str:
+    """What the validation figures were computed on, from the summary's ``evaluation`` record."""
+    coverage = (summary or {}).get("evaluation") or {}
+    if not coverage:
+        return "Measured on the held-out validation split at the end of training."
+    if coverage.get("whole_split", True):
+        what = "the whole held-out validation split"
+    else:
+        what = f"a subset of the held-out validation split (its first {coverage.get('rows', 0):,} rows)"
+    counts = []
+    if coverage.get("tokens"):
+        counts.append(f"{int(coverage['tokens']):,} scored tokens")
+    if coverage.get("bytes"):
+        counts.append(f"{int(coverage['bytes']):,} UTF-8 bytes of text, the denominator of bits per byte")
+    if coverage.get("generation_pairs"):
+        counts.append(f"exact match and BLEU from `generate()` on {int(coverage['generation_pairs']):,} pairs, "
+                      "with sources encoded by the saved tokenizer")
+    detail = f" ({'; '.join(counts)})" if counts else ""
+    return f"Measured at the end of training on {what}{detail}."
+
+
 def _finite_metrics(summary: dict | None) -> dict[str, float]:
     """The numeric, finite eval_* values of final_metrics, known metrics first."""
     metrics = (summary or {}).get("final_metrics") or {}
@@ -279,6 +300,7 @@ def render_model_card(
         training_rows=_training_rows(summary or {}),
         has_loss_curve=(folder / "loss_curve.png").is_file(),
         metric_rows=[(_metric_meta(k)[1], _metric_meta(k)[2].format(v)) for k, v in metrics.items()],
+        coverage_sentence=_coverage_sentence(summary),
         samples=samples,
         tokenizer_description=_tokenizer_description(folder, config),
         auto_class=AUTO_CLASSES[kind],

@@ -154,7 +154,8 @@ def run_demo(runs_dir: str | Path = "runs") -> int:
     print(f"kjv-gpt:     {kjv['num_parameters'] / 1e6:.1f}M params, {kjv['steps']} steps, "
           f"{kjv['tokens_seen'] / 1e6:.2f}M tokens in {kjv['train_seconds'] / 60:.1f} min "
           f"({kjv['tokens_per_second']:.0f} tok/s); validation loss {km['eval_loss']:.3f}, "
-          f"perplexity {km['eval_perplexity']:.1f}, {km['eval_bits_per_byte']:.3f} bits/byte")
+          f"perplexity {km['eval_perplexity']:.1f}, {km['eval_bits_per_byte']:.3f} bits/byte "
+          f"(validation split: {kjv['evaluation']['tokens']:,} tokens, {kjv['evaluation']['bytes']:,} bytes)")
     print(f"numbers:     {numbers['num_parameters'] / 1e6:.2f}M params, {numbers['steps']} steps in "
           f"{numbers['train_seconds'] / 60:.1f} min; validation exact match {exact:.1f}% "
           f"(target >= {EXACT_MATCH_TARGET:.0f}%), BLEU {nm['eval_bleu']:.1f}, loss {nm['eval_loss']:.4f}")

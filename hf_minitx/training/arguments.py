@@ -61,6 +61,11 @@ class DataArguments:
     validation_split: float = field(
         default=0.05, metadata={"help": "Fraction of train carved out as validation when the corpus has none."}
     )
+    sample_by: Literal["document", "paragraph", "line"] = field(
+        default="document",
+        metadata={"help": "causal-lm: what ends a sample (EOS). document: a text file, or a record row; paragraph: "
+                          "a blank line; line: a line break. Record rows with paragraph/line are lines of one text."},
+    )
     num_examples: int | None = field(
         default=None, metadata={"help": "Size of generated built-in tasks (builtin:numbers-*); default 20,000."}
     )
@@ -79,8 +84,9 @@ class DataArguments:
     max_source_length: int = field(default=64, metadata={"help": "seq2seq: source tokens kept (EOS included)."})
     max_target_length: int = field(default=64, metadata={"help": "seq2seq: target tokens kept (EOS included)."})
     max_eval_samples: int | None = field(
-        default=256,
-        metadata={"help": "Validation rows (blocks or pairs) used for the validation loss; all when unset."},
+        default=None,
+        metadata={"help": "Opt-in subset: score only the first N validation rows (blocks or pairs); by default "
+                          "the whole validation split is scored."},
     )
     num_proc: int | None = field(default=None, metadata={"help": "Processes for datasets.map tokenization."})
 
@@ -131,8 +137,9 @@ class TrainArguments:
     logging_steps: int = field(default=10, metadata={"help": "Write a train record to metrics.jsonl every N steps."})
     eval_steps: int | None = field(default=200, metadata={"help": "Evaluate every N steps (and always at the end)."})
     generation_eval_samples: int | None = field(
-        default=256,
-        metadata={"help": "seq2seq: validation pairs translated with generate() for exact match/BLEU; all when unset."},
+        default=None,
+        metadata={"help": "seq2seq: opt-in subset: translate only the first N validation pairs for exact match/BLEU; "
+                          "all by default."},
     )
     generation_num_beams: int = field(default=1, metadata={"help": "seq2seq: beams for the generation metrics."})
     num_sample_generations: int = field(default=2, metadata={"help": "Sample generations printed at each eval."})

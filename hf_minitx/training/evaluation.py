@@ -12,16 +12,21 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..data.preprocessing import Seq2SeqCollator
 from .loss import per_sequence_cross_entropy
 
-BYTES_COLUMN = "num_bytes"
+COVERAGE_KEYS = ("eval_tokens", "eval_bytes")  # what the figures cover, not metrics themselves
 
 
-def count_block_bytes(labels: Sequence[int], tokenizer: PreTrainedTokenizerBase) -> int:
-    """UTF-8 bytes of the text a causal block's predicted labels (all but the first) decode to."""
-    ids = [i for i in labels[1:] if i != -100]
-    return len(tokenizer.decode(ids, skip_special_tokens=True).encode("utf-8"))
+def text_bytes(texts: Iterable[str]) -> int:
+    """UTF-8 bytes of ``texts`` as they stand (the denominator of bits per byte)."""
+    return sum(len(text.encode("utf-8")) for text in texts if text)
+
+
+def predicted_bytes(labels: Iterable[Sequence[int]], tokenizer: PreTrainedTokenizerBase) -> int:
+    """UTF-8 bytes of the text the predicted labels (all but each row's first) of causal blocks encode,
+    decoded as one stream so characters split across blocks count once; special tokens count zero."""
+    ids = [i for row in labels for i in row[1:] if i != -100]
+    return text_bytes([tokenizer.decode(ids, skip_special_tokens=True)])
 
 
 @torch.no_grad()
@@ -32,32 +37,32 @@ def evaluate_loss(
     *,
     shift: bool,
     inputs: Callable[[dict], dict] | None = None,
+    num_bytes: int | None = None,
 ) -> dict[str, float]:
-    """Validation loss over a prepared dataloader; adds perplexity, and bits per byte when the batches
-    carry a ``num_bytes`` column (causal LM): total nats / (ln 2 * total UTF-8 bytes).
+    """Validation loss over a prepared dataloader, with perplexity and the number of scored tokens
+    (``eval_tokens``); given ``num_bytes``, the UTF-8 bytes of the text those tokens encode, also bits
+    per byte = total nats / (ln 2 * num_bytes) (``eval_bytes`` records the denominator).
 
     ``inputs(batch)`` selects what the model is called with (default: the batch without labels).
     """
     was_training = model.training
     model.eval()
-    totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # nats, tokens, bytes
+    totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # nats, tokens
     for batch in dataloader:
-        num_bytes = batch.pop(BYTES_COLUMN, None)
         call = inputs(batch) if inputs else {k: v for k, v in batch.items() if k != "labels"}
         logits = model(**call).logits  # (batch, seq, vocab)
         nats, counts = per_sequence_cross_entropy(logits, batch["labels"], shift=shift)  # (batch,) each
-        if num_bytes is None:
-            num_bytes = torch.zeros_like(counts)
-        rows = torch.stack([nats.double(), counts.double(), num_bytes.double()], dim=1)  # (batch, 3)
+        rows = torch.stack([nats.double(), counts.double()], dim=1)  # (batch, 2)
         totals += accelerator.gather_for_metrics(rows).sum(dim=0)
     model.train(was_training)
-    nats, tokens, num_bytes = totals.tolist()
+    nats, tokens = totals.tolist()
     if tokens == 0:
         raise ValueError("the validation data holds no labelled token; check the validation split")
     loss = nats / tokens
-    metrics = {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0))}
-    if num_bytes > 0:
+    metrics = {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0)), "eval_tokens": int(tokens)}
+    if num_bytes:
         metrics["eval_bits_per_byte"] = nats / (math.log(2) * num_bytes)
+        metrics["eval_bytes"] = int(num_bytes)
     return metrics
 
 
@@ -74,22 +79,17 @@ def generate_texts(
     """Outputs of an encoder-decoder model for ``sources``, in batches; ``generate_kwargs`` (e.g.
     max_new_tokens, num_beams, do_sample) go to ``generate()``.
 
-    Sources are encoded like the training data (ids + EOS, right padding), so train and test inputs
-    look the same to the encoder.
+    This is the plain Hugging Face path, ``model.generate(**tokenizer(sources, return_tensors="pt",
+    padding=True))``: the tokenizer encodes sources exactly as training did (its post-processor adds
+    EOS), with its own padding side; ``max_source_length`` truncates like training.
     """
-    collate = Seq2SeqCollator(tokenizer.pad_token_id)
     device = next(model.parameters()).device
+    truncation = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
     outputs: list[str] = []
     for start in range(0, len(sources), batch_size):
-        chunk = sources[start : start + batch_size]
-        ids = tokenizer(list(chunk), add_special_tokens=False)["input_ids"]
-        if max_source_length:
-            ids = [row[: max_source_length - 1] for row in ids]
-        batch = collate([{"input_ids": row + [tokenizer.eos_token_id]} for row in ids])
-        generated = model.generate(
-            input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-            **generate_kwargs,
-        )  # (batch, new tokens)
+        chunk = list(sources[start : start + batch_size])
+        encoded = tokenizer(chunk, return_tensors="pt", padding=True, **truncation).to(device)
+        generated = model.generate(**encoded, **generate_kwargs)  # (batch, new tokens)
         outputs.extend(text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True))
     return outputs
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
+from datasets import DatasetDict
 from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -55,7 +56,7 @@ from .checkpoints import (
     write_run_state,
 )
 from .data_order import StepIndexedBatchSampler
-from .evaluation import BYTES_COLUMN, count_block_bytes, evaluate_generation, evaluate_loss
+from .evaluation import COVERAGE_KEYS, evaluate_generation, evaluate_loss, predicted_bytes, text_bytes
 from .loss import count_label_tokens, summed_cross_entropy
 from .outputs import append_metrics, save_final_model, truncate_metrics
 
@@ -160,6 +161,7 @@ def run_identity(model_settings: dict[str, Any], data_args: DataArguments) -> di
     return {
         "model_settings": model_settings, "task": data_args.task, "dataset": data_args.dataset,
         "dataset_config": data_args.dataset_config, "block_size": data_args.block_size,
+        "sample_by": data_args.sample_by,
     }
 
 
@@ -179,6 +181,7 @@ def get_tokenizer(
             tokenizer = train_bpe_tokenizer(
                 iter_training_texts(corpus["train"], max_texts=data_args.tokenizer_max_texts, seed=seed),
                 data_args.tokenizer_vocab_size, model_max_length=max_length,
+                add_eos_token=data_args.task == "seq2seq",  # sources end with EOS, in training and in use
             )
             tokenizer.save_pretrained(output_dir)
         accelerator.wait_for_everyone()
@@ -187,10 +190,6 @@ def get_tokenizer(
 
 def _first_rows(split: Any, limit: int | None) -> Any:
     return split if limit is None or limit >= len(split) else split.select(range(limit))
-
-
-def _add_block_bytes(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase) -> dict[str, list]:
-    return {BYTES_COLUMN: [count_block_bytes(labels, tokenizer) for labels in batch["labels"]]}
 
 
 def stack_blocks(rows: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
@@ -203,12 +202,18 @@ def prepare_data(
 ) -> dict[str, Any]:
     """Model-ready train/validation sets, the collator and the texts used by generation metrics."""
     if data_args.task == "causal-lm":
-        packed = tokenize_and_pack(corpus, tokenizer, data_args.block_size, num_proc=data_args.num_proc)
-        validation = _first_rows(packed["validation"], data_args.max_eval_samples)
-        validation = validation.map(_add_block_bytes, batched=True, fn_kwargs={"tokenizer": tokenizer},
-                                    desc="Counting validation bytes")
+        train = tokenize_and_pack(DatasetDict(train=corpus["train"]), tokenizer, data_args.block_size,
+                                  num_proc=data_args.num_proc)["train"]
+        validation = tokenize_and_pack(DatasetDict(validation=corpus["validation"]), tokenizer, data_args.block_size,
+                                       num_proc=data_args.num_proc, for_evaluation=True)["validation"]
+        if data_args.max_eval_samples is None:  # the whole validation text, as it stands in the corpus
+            num_bytes = text_bytes(t for batch in corpus["validation"].iter(1000) for t in batch["text"])
+        else:  # opt-in subset: the bytes of the tokens it scores
+            validation = _first_rows(validation, data_args.max_eval_samples)
+            num_bytes = predicted_bytes(validation["labels"], tokenizer)
         prompts = [" ".join(text.split()[:6]) for text in corpus["validation"]["text"][:8] if text.strip()]
-        return {"train": packed["train"], "validation": validation, "collate": stack_blocks, "prompts": prompts}
+        return {"train": train, "validation": validation, "collate": stack_blocks, "prompts": prompts,
+                "num_bytes": num_bytes}
     features = preprocess_seq2seq(
         corpus, tokenizer, max_source_length=data_args.max_source_length,
         max_target_length=data_args.max_target_length, num_proc=data_args.num_proc,
@@ -221,6 +226,7 @@ def prepare_data(
         "sources": list(pairs["source"]),
         "references": list(pairs["target"]),
         "prompts": list(corpus["validation"]["source"][:8]),
+        "num_bytes": None,
     }
 
 
@@ -317,6 +323,9 @@ def sample_generations(
             outputs = generate_texts(model, tokenizer, prompts, max_new_tokens=max_new_tokens, do_sample=False)
         else:
             encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+            if model.config.position_embedding_type != "rope":  # stay inside the position table
+                room = model.config.max_position_embeddings - encoded["input_ids"].shape[1]
+                max_new_tokens = max(1, min(max_new_tokens, room))
             generated = model.generate(
                 **encoded, max_new_tokens=max_new_tokens, do_sample=True, top_k=40, temperature=0.8,
             )  # (batch, prompt + new)
@@ -361,7 +370,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
             data_args.dataset, task=data_args.task, dataset_config=data_args.dataset_config,
             text_column=data_args.text_column, source_column=data_args.source_column,
             target_column=data_args.target_column, validation_split=data_args.validation_split,
-            seed=train_args.seed, num_examples=data_args.num_examples,
+            seed=train_args.seed, num_examples=data_args.num_examples, sample_by=data_args.sample_by,
         )
     max_length = model_settings.get("max_position_embeddings", MiniTxConfig().max_position_embeddings)
     tokenizer = get_tokenizer(data_args, corpus, output_dir, max_length, accelerator,
@@ -420,11 +429,13 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
                          "max_source_length": data_args.max_source_length,
                          "batch_size": train_args.per_device_eval_batch_size * 4}
     last_samples: list[dict[str, str]] = []
+    coverage: dict[str, Any] = {}
 
     def evaluate(step: int) -> dict[str, float]:
         nonlocal last_samples
-        metrics = evaluate_loss(model, eval_loader, accelerator, shift=shift,
+        metrics = evaluate_loss(model, eval_loader, accelerator, shift=shift, num_bytes=data["num_bytes"],
                                 inputs=lambda batch: model_inputs(batch, seq2seq))
+        coverage.update(evaluation_coverage(metrics, data, data_args))
         if seq2seq and data["sources"]:
             gen_metrics, predictions = evaluate_generation(
                 unwrapped, tokenizer, data["sources"], data["references"], accelerator, **generation_kwargs)
@@ -543,7 +554,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
             "train_seconds": round(train_seconds, 2), "hardware": describe_hardware(accelerator.device,
                                                                                     accelerator.num_processes),
             "mixed_precision": accelerator.mixed_precision, "num_processes": accelerator.num_processes,
-            "final_metrics": metrics, "sample_generations": [
+            "final_metrics": metrics, "evaluation": coverage, "sample_generations": [
                 {"prompt": s["prompt"], "output": s["output"]} for s in last_samples],
             "preset": model_args.preset, "seed": train_args.seed, "num_parameters": num_parameters,
             "config_overrides": model_args.config_overrides, "stopped_by_time_budget": stopped_early,
@@ -556,6 +567,16 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return output_dir
+
+
+def evaluation_coverage(metrics: dict[str, float], data: dict[str, Any], data_args: DataArguments) -> dict[str, Any]:
+    """What the validation figures cover (popped from ``metrics``): rows, scored tokens, text bytes."""
+    counts = {key.removeprefix("eval_"): metrics.pop(key) for key in COVERAGE_KEYS if key in metrics}
+    coverage = {"split": "validation", "rows": len(data["validation"]), **counts,
+                "whole_split": data_args.max_eval_samples is None}
+    if "sources" in data:
+        coverage["generation_pairs"] = len(data["sources"])
+    return coverage
 
 
 def is_hub_dataset(dataset: str) -> bool:

@@ -68,18 +68,22 @@ def write_corpus(path, kind, docs=DOCS, column="text"):
 @pytest.mark.parametrize("kind", ["txt", "json", "jsonl", "csv", "parquet"])
 def test_single_file_of_each_kind(tmp_path, kind):
     path = write_corpus(tmp_path / f"corpus.{kind}", kind)
-    dd = load_corpus(path, validation_split=4)
+    # the .txt file holds DOCS as paragraphs: one file is one document unless paragraphs are the samples
+    dd = load_corpus(path, validation_split=4, sample_by="paragraph" if kind == "txt" else "document")
     assert set(dd) == {"train", "validation"}
-    assert dd["train"].column_names == ["text"] and dd["validation"].column_names == ["text"]
+    assert dd["train"].column_names == ["text", "doc_end"] and dd["validation"].column_names == ["text", "doc_end"]
     assert len(dd["validation"]) == 4 and len(dd["train"]) == len(DOCS) - 4
     assert all_texts(dd) == sorted(DOCS)
 
 
-def test_txt_rows_are_paragraphs_with_inner_newlines_kept(tmp_path):
+def test_txt_paragraph_samples_keep_their_blank_lines(tmp_path):
     paragraphs = ["line one\nline two", "second paragraph\nwrapped here", "third"]
     path = tmp_path / "p.txt"
     path.write_text("\n\n".join(paragraphs), encoding="utf-8")
-    assert all_texts(load_corpus(str(path), validation_split=1)) == sorted(paragraphs)
+    dd = load_corpus(str(path), validation_split=1, sample_by="paragraph")
+    assert sorted(t for split in dd.values() for t in split["text"]) == sorted(
+        ["line one\nline two\n\n", "second paragraph\nwrapped here\n\n", "third"])
+    assert all(all(split["doc_end"]) for split in dd.values())
 
 
 def test_list_and_glob_of_files(tmp_path):
@@ -93,7 +97,7 @@ def test_list_and_glob_of_files(tmp_path):
 def test_custom_text_column_is_renamed(tmp_path):
     path = write_corpus(tmp_path / "c.csv", "csv", column="body")
     dd = load_corpus(path, text_column="body")
-    assert dd["train"].column_names == ["text"] and all_texts(dd) == sorted(DOCS)
+    assert dd["train"].column_names == ["text", "doc_end"] and all_texts(dd) == sorted(DOCS)
 
 
 def test_validation_carving_is_deterministic_and_disjoint(tmp_path):
@@ -314,7 +318,13 @@ def test_second_run_reuses_the_cache(tmp_path, monkeypatch, tokenizer):
 # --- seq2seq ------------------------------------------------------------------------------------
 
 
-def test_seq2seq_preprocessing_and_collation(tokenizer):
+@pytest.fixture(scope="module")
+def seq2seq_tokenizer():
+    return train_bpe_tokenizer(DOCS * 3, vocab_size=400, min_frequency=1, add_eos_token=True)
+
+
+def test_seq2seq_preprocessing_and_collation(seq2seq_tokenizer):
+    tokenizer = seq2seq_tokenizer
     dd = datasets.DatasetDict({
         "train": datasets.Dataset.from_dict({
             "source": ["the quick brown fox " * 10, "lazy dogs"],
@@ -327,6 +337,8 @@ def test_seq2seq_preprocessing_and_collation(tokenizer):
         src = tokenizer(source, add_special_tokens=False)["input_ids"]
         tgt = tokenizer(target, add_special_tokens=False)["input_ids"]
         assert row["input_ids"] == src[:11] + [eos] and row["attention_mask"] == [1] * len(row["input_ids"])
+        # the tokenizer itself encodes sources as training does (its post-processor appends EOS)
+        assert row["input_ids"] == tokenizer(source, truncation=True, max_length=12)["input_ids"]
         assert row["labels"] == tgt[:8] + [eos] and tokenizer.bos_token_id not in row["labels"]
     assert tokenizer.padding_side == "left"
     batch = seq2seq_collator(tokenizer)([rows[0], rows[1]])

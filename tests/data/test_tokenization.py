@@ -138,9 +138,11 @@ def test_script_trains_on_both_sides_of_seq2seq(tmp_path):
 def test_script_max_texts_limits_the_sample(tmp_path):
     script = load_script()
     corpus = write_txt(tmp_path / "corpus.txt", TEXTS[:3] + ["zyzzyva quokka " * 5] * 40)
-    full = script.main(["--dataset", corpus, "--vocab_size", "300", "--output_dir", str(tmp_path / "f")])
+    # one file is one document; with --sample_by paragraph each paragraph is a row that can be sampled
+    full = script.main(["--dataset", corpus, "--vocab_size", "300", "--sample_by", "paragraph",
+                        "--output_dir", str(tmp_path / "f")])
     sample = script.main(["--dataset", corpus, "--vocab_size", "300", "--max_texts", "2", "--seed", "0",
-                          "--output_dir", str(tmp_path / "s")])
+                          "--sample_by", "paragraph", "--output_dir", str(tmp_path / "s")])
     assert (full / "tokenizer.json").read_bytes() != (sample / "tokenizer.json").read_bytes()
 
 
