@@ -37,7 +37,7 @@ from datasets.fingerprint import Hasher
 from datasets.utils.file_utils import xopen
 
 from .builtin import BUILTIN_CORPORA, BUILTIN_PREFIX, get_builtin
-from .preprocessing import preprocess_seq2seq, seq2seq_collator, tokenize_and_pack
+from .preprocessing import DOC_END, preprocess_seq2seq, seq2seq_collator, tokenize_and_pack
 
 __all__ = [
     "BUILTIN_CORPORA",
@@ -58,7 +58,6 @@ FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv
 VALIDATION_ALIASES = ("validation", "valid", "val", "dev")
 SAMPLE_BY = ("document", "paragraph", "line")
 TEXT_CHUNK_CHARS = 1 << 20  # a text file is read in rows of about this many characters
-DOC_END = "doc_end"
 TEXT_ROW_FEATURES = Features({"text": Value("string"), DOC_END: Value("bool")})
 
 AnyDataset = Dataset | IterableDataset
@@ -109,14 +108,25 @@ def corpus_task(dataset: str) -> str | None:
     return get_builtin(dataset).task if dataset.startswith(BUILTIN_PREFIX) else None
 
 
-def iter_training_texts(split: AnyDataset, max_texts: int | None = None, seed: int = 42) -> Iterator[str]:
+def iter_training_texts(
+    split: AnyDataset, max_texts: int | None = None, seed: int = 42, max_chars: int | None = None
+) -> Iterator[str]:
     """Yield the texts of a normalised split (both sides for seq2seq), e.g. to train a tokenizer.
 
     The texts are the rows as training reads them, newlines included; chunks of a long document are
     cut where the tokenizer's pre-tokenizer would split anyway. With ``max_texts``, a map-style split
     is sampled (shuffled with ``seed``) and a streaming split is cut after its first ``max_texts`` rows,
-    so memory stays bounded on large corpora.
+    so memory stays bounded on large corpora; ``max_chars`` stops once that many characters were given.
     """
+    given = 0
+    for text in _training_texts(split, max_texts, seed):
+        if max_chars is not None and given >= max_chars:
+            return
+        given += len(text)
+        yield text
+
+
+def _training_texts(split: AnyDataset, max_texts: int | None, seed: int) -> Iterator[str]:
     if max_texts is not None:
         if isinstance(split, Dataset):
             if len(split) > max_texts:

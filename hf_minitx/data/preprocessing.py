@@ -7,17 +7,37 @@ content and the arguments, so a second run with the same inputs does not tokeniz
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
-from datasets import Dataset, DatasetDict, Features, IterableDataset, IterableDatasetDict, Sequence, Value
+from datasets import (
+    Dataset,
+    DatasetDict,
+    Features,
+    IterableDataset,
+    IterableDatasetDict,
+    LargeList,
+    List,
+    Value,
+)
+from datasets.arrow_writer import ArrowWriter
 from datasets.fingerprint import Hasher
+from datasets.utils.tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-PREPROCESSING_VERSION = "2"  # bump when the output of a function here changes
-LABEL_PAD_ID = -100
-BLOCK_FEATURES = Features({"input_ids": Sequence(Value("int64")), "labels": Sequence(Value("int64"))})
+from ..models.configuration_minitx import IGNORE_INDEX
+
+PREPROCESSING_VERSION = "3"  # bump when the output of a function here changes
+LABEL_PAD_ID = IGNORE_INDEX
+DOC_END = "doc_end"
 
 AnyDatasetDict = DatasetDict | IterableDatasetDict
 
@@ -46,38 +66,211 @@ def _fingerprint(split: Dataset, *parts: Any) -> str:
 
 # --- causal LM ----------------------------------------------------------------------------------
 
+CHARS_PER_BATCH = 1 << 22  # characters tokenized per call: rows of ~1 MB go a few at a time
+PARALLEL_MIN_CHARS = 1 << 23  # below this much text one process tokenizes faster than a pool starts
 
-def _tokenize_documents(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, eos_id: int) -> dict:
-    """Tokenize each non-empty row; EOS follows a row that ends a document (``doc_end``, default True).
 
-    No special token is added inside a document: a causal tokenizer's post-processor adds none, so these
-    ids are what ``tokenizer(document)`` gives.
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned integer type that holds every id of a ``vocab_size``-token vocabulary."""
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+def block_features(block_size: int, dtype: np.dtype) -> Features:
+    """Packed blocks: one fixed-length ``input_ids`` column; labels are derived by the collator."""
+    return Features({"input_ids": List(Value(dtype.name), length=block_size)})
+
+
+def encode_rows(
+    texts: list[str], ends: list[bool], tokenizer: PreTrainedTokenizerBase, eos_id: int, dtype: np.dtype
+) -> list[np.ndarray]:
+    """Ids of each row as a 1-D array of ``dtype``, EOS appended where the row ends a document.
+
+    The ids are what ``tokenizer(text, add_special_tokens=False)`` gives (no special token inside a
+    document); empty rows give empty arrays and no EOS. All rows go to the tokenizer in one call.
     """
-    ends = batch.get("doc_end") or [True] * len(batch["text"])
-    rows = [(text, end) for text, end in zip(batch["text"], ends, strict=True) if text]
-    ids = tokenizer([text for text, _ in rows], add_special_tokens=False)["input_ids"] if rows else []
-    return {"ids": [doc + [eos_id] if end else doc for doc, (_, end) in zip(ids, rows, strict=True)]}
+    keep = [i for i, text in enumerate(texts) if text]
+    batch = [texts[i] for i in keep]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if not batch:
+        encoded = []
+    elif backend is not None and backend.truncation is None and backend.padding is None:
+        encoded = [e.ids for e in backend.encode_batch_fast(batch, add_special_tokens=False)]
+    else:  # a slow tokenizer, or runtime truncation/padding left on the backend: the wrapper resets it
+        encoded = tokenizer(batch, add_special_tokens=False)["input_ids"]
+    out = [np.empty(0, dtype)] * len(texts)
+    for i, ids in zip(keep, encoded, strict=True):
+        out[i] = np.array(ids + [eos_id] if ends[i] else ids, dtype=dtype)
+    return out
 
 
-def _pack(
-    documents: Any, block_size: int, pad_id: int, drop_remainder: bool, overlap: int = 0, prefix: tuple = ()
-) -> Iterator[dict]:
-    """Concatenate the documents' ids (after ``prefix``) and cut them into ``block_size`` blocks, carrying
-    over batches; consecutive blocks share ``overlap`` tokens. The rest is dropped or right-padded."""
-    buffer: list[int] = list(prefix)
-    step = block_size - overlap
-    for batch in documents.iter(batch_size=1000):
-        for doc in batch["ids"]:
-            buffer.extend(doc)
-        start = 0
-        while len(buffer) - start >= block_size:
-            block = buffer[start : start + block_size]
-            yield {"input_ids": block, "labels": block}
-            start += step
-        buffer = buffer[start:]
-    if len(buffer) > overlap and not drop_remainder:
-        padding = block_size - len(buffer)
-        yield {"input_ids": buffer + [pad_id] * padding, "labels": buffer + [LABEL_PAD_ID] * padding}
+def row_batches(rows: Iterable[dict], max_chars: int = CHARS_PER_BATCH, max_rows: int = 1000) -> Iterator[dict]:
+    """Group ``{"text", "doc_end"}`` rows into ``{"text": [...], "doc_end": [...]}`` batches of at most
+    ``max_rows`` rows, closed as soon as they hold ``max_chars`` characters (no look-ahead: a batch is
+    yielded right after its last row was read)."""
+    texts: list[str] = []
+    ends: list[bool] = []
+    size = 0
+    for row in rows:
+        texts.append(row["text"] or "")
+        ends.append(row.get(DOC_END, True))
+        size += len(texts[-1])
+        if size >= max_chars or len(texts) >= max_rows:
+            yield {"text": texts, DOC_END: ends}
+            texts, ends, size = [], [], 0
+    if texts:
+        yield {"text": texts, DOC_END: ends}
+
+
+def cut_blocks(tokens: np.ndarray, block_size: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cut a 1-D token array into (n, block_size) blocks starting every ``step`` tokens while a whole
+    block fits; also returns the rest (the tokens from the first start without a whole block)."""
+    if len(tokens) < block_size:
+        return tokens[:0].reshape(0, block_size), tokens
+    count = (len(tokens) - block_size) // step + 1
+    if step == block_size:
+        blocks = tokens[: count * block_size].reshape(count, block_size)
+    else:
+        blocks = np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(tokens, block_size)[::step][:count])
+    return blocks, tokens[count * step :]
+
+
+def last_block(rest: np.ndarray, block_size: int, overlap: int, pad_id: int, drop_remainder: bool) -> np.ndarray:
+    """The final (0 or 1, block_size) block: the rest right-padded with ``pad_id``, unless dropped or it
+    holds no token not already in the previous block."""
+    if drop_remainder or len(rest) <= overlap:
+        return rest[:0].reshape(0, block_size)
+    return np.concatenate([rest, np.full(block_size - len(rest), pad_id, rest.dtype)]).reshape(1, block_size)
+
+
+def block_labels(input_ids: torch.Tensor, pad_id: int | None) -> torch.Tensor:
+    """Labels of packed blocks (batch, block): the ids, with each row's trailing run of ``pad_id`` (the
+    right padding of a split's last block) set to ``IGNORE_INDEX``. The model shifts them itself."""
+    if pad_id is None:
+        return input_ids.clone()
+    trailing = (input_ids == pad_id).flip(-1).cumprod(-1).flip(-1).bool()
+    return input_ids.masked_fill(trailing, IGNORE_INDEX)
+
+
+class BlockCollator:
+    """Stack packed causal-LM blocks (rows with ``input_ids`` of one length, or arrays) into ``input_ids``
+    and ``labels`` (batch, block) long tensors; labels come from ``block_labels``."""
+
+    def __init__(self, pad_token_id: int | None) -> None:
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, features: list[Any]) -> dict[str, torch.Tensor]:
+        if not len(features):
+            raise ValueError("cannot collate an empty batch")
+        rows = [np.asarray(f["input_ids"] if isinstance(f, dict) else f) for f in features]
+        input_ids = torch.from_numpy(np.stack(rows).astype(np.int64))
+        return {"input_ids": input_ids, "labels": block_labels(input_ids, self.pad_token_id)}
+
+
+def block_collator(tokenizer: PreTrainedTokenizerBase) -> BlockCollator:
+    """The collator of ``tokenize_and_pack`` blocks: the tokenizer's pad id marks right padding."""
+    return BlockCollator(tokenizer.pad_token_id)
+
+
+def _tokenize_table(table: pa.Table, tokenizer: PreTrainedTokenizerBase, eos_id: int, dtype: str) -> pa.Table:
+    """datasets.map function (arrow format): a batch of rows -> one ``ids`` list per row."""
+    texts = table.column("text").to_pylist()
+    ends = table.column(DOC_END).to_pylist() if DOC_END in table.column_names else [True] * len(texts)
+    arrays = encode_rows(texts, ends, tokenizer, eos_id, np.dtype(dtype))
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum([len(a) for a in arrays], out=offsets[1:])
+    values = np.concatenate(arrays) if arrays else np.empty(0, dtype)
+    return pa.table({"ids": pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))})
+
+
+def _tokenize_split(
+    split: Dataset, name: str, folder: Path, num_proc: int | None, fn_kwargs: dict[str, Any]
+) -> Dataset:
+    """The split's rows tokenized into ``folder`` (``ids``, EOS placed), in batches of about
+    ``CHARS_PER_BATCH`` characters, by ``num_proc`` processes (default: the cores, for large text)."""
+    table = split.data  # the whole backing table: its mean row length sizes the batches
+    chars = int(pc.sum(pc.utf8_length(table.column("text"))).as_py() or 0) * len(split) // max(table.num_rows, 1)
+    batch = max(1, min(1000, CHARS_PER_BATCH * len(split) // max(chars, 1)))
+    procs = num_proc or ((os.cpu_count() or 1) if chars >= PARALLEL_MIN_CHARS else 1)
+    procs = max(1, min(procs, len(split) // batch))
+    features = Features({"ids": LargeList(Value(fn_kwargs["dtype"]))})
+    return split.with_format("arrow").map(
+        _tokenize_table, batched=True, batch_size=batch, writer_batch_size=batch, num_proc=procs if procs > 1 else None,
+        remove_columns=split.column_names, features=features, fn_kwargs=fn_kwargs,
+        cache_file_name=str(folder / "ids.arrow"), load_from_cache_file=False, desc=f"Tokenizing {name}",
+    )
+
+
+def _pack_to_file(ids: Dataset, path: Path, name: str, block_size: int, dtype: np.dtype, pack: dict) -> tuple[int, int]:
+    """Cut the concatenated ``ids`` into blocks written to ``path``; returns (blocks, tokens).
+
+    ``pack``: ``overlap`` (tokens shared by consecutive blocks), ``prefix`` (tokens put first),
+    ``pad_id`` and ``drop_remainder`` (see ``tokenize_and_pack``).
+    """
+    step = block_size - pack["overlap"]
+    rest = np.asarray(pack["prefix"], dtype=dtype)
+    blocks_written = tokens = 0
+    writer = ArrowWriter(features=block_features(block_size, dtype), path=str(path))
+    with tqdm(total=len(ids), desc=f"Packing {name}", unit=" rows") as bar:
+        for table in ids.with_format("arrow").iter(batch_size=256):
+            parts = [rest] + [chunk.flatten().to_numpy(zero_copy_only=False) for chunk in table.column("ids").chunks]
+            stream = np.concatenate(parts).astype(dtype, copy=False)
+            tokens += len(stream) - len(rest)
+            blocks, rest = cut_blocks(stream, block_size, step)
+            blocks_written += _write_blocks(writer, blocks)
+            bar.update(table.num_rows)
+    blocks_written += _write_blocks(writer, last_block(rest, block_size, pack["overlap"], pack["pad_id"],
+                                                       pack["drop_remainder"]))
+    writer.finalize()
+    return blocks_written, tokens
+
+
+def _write_blocks(writer: ArrowWriter, blocks: np.ndarray) -> int:
+    """Append (n, block_size) blocks to an open writer; returns n."""
+    if len(blocks):
+        column = pa.FixedSizeListArray.from_arrays(pa.array(blocks.reshape(-1)), blocks.shape[1])
+        writer.write_table(pa.table({"input_ids": column}))
+    return len(blocks)
+
+
+def _pack_split(split: Dataset, name: str, tokenizer: PreTrainedTokenizerBase, block_size: int, num_proc: int | None,
+                pack: dict[str, Any]) -> Dataset:
+    """One packed copy of a map-style split, cached under the datasets cache by fingerprint; the
+    tokenized intermediate lives in a temporary folder deleted once the blocks are written."""
+    dtype = token_dtype(len(tokenizer))
+    key = _fingerprint(split, "pack", tokenizer_fingerprint(tokenizer), block_size, dtype.name, sorted(pack.items()))
+    folder = Path(datasets.config.HF_DATASETS_CACHE) / "hf_minitx_blocks"
+    path = folder / f"{key}.arrow"
+    if not path.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder, prefix="tmp-") as tmp:
+            fn_kwargs = {"tokenizer": tokenizer, "eos_id": pack["eos_id"], "dtype": dtype.name}
+            ids = _tokenize_split(split, name, Path(tmp), num_proc, fn_kwargs)
+            count, tokens = _pack_to_file(ids, Path(tmp) / "blocks.arrow", name, block_size, dtype, pack)
+            del ids
+            if count == 0:
+                raise ValueError(f"split {name!r} has {tokens} tokens, fewer than block_size={block_size}: no block was "
+                                 "made. Lower block_size, use more data, or pass drop_remainder=False.")
+            os.replace(Path(tmp) / "blocks.arrow", path)
+    blocks = Dataset.from_file(str(path))
+    blocks._fingerprint = key
+    return blocks
+
+
+def iter_blocks(rows: Iterable[dict], tokenizer: PreTrainedTokenizerBase, block_size: int, pack: dict[str, Any],
+                dtype: np.dtype) -> Iterator[np.ndarray]:
+    """Tokenize and pack ``{"text", "doc_end"}`` rows on the fly: (block_size,) arrays, in order, with
+    the same blocks as the map-style path (``pack`` as in ``_pack_to_file``, plus ``eos_id``)."""
+    rest = np.asarray(pack["prefix"], dtype=dtype)
+    for batch in row_batches(rows):
+        ids = encode_rows(batch["text"], batch[DOC_END], tokenizer, pack["eos_id"], dtype)
+        blocks, rest = cut_blocks(np.concatenate([rest, *ids]), block_size, block_size - pack["overlap"])
+        yield from blocks
+    yield from last_block(rest, block_size, pack["overlap"], pack["pad_id"], pack["drop_remainder"])
+
+
+def _iter_block_rows(rows: IterableDataset, **kwargs: Any) -> Iterator[dict]:
+    for block in iter_blocks(rows, **kwargs):
+        yield {"input_ids": block}
 
 
 def tokenize_and_pack(
@@ -95,58 +288,35 @@ def tokenize_and_pack(
     the chunks of one document are joined with nothing between them. Blocks span document boundaries,
     so no token is lost except at the very end of each split: with ``drop_remainder=True`` (default)
     the last ``< block_size`` tokens of a split are dropped; with False they form a last block
-    right-padded with ``<pad>`` (labels ``-100``). ``labels`` equal ``input_ids``; the model shifts them.
-    Every row is exactly ``block_size`` long.
+    right-padded with ``<pad>``. Rows hold only ``input_ids`` (the smallest unsigned dtype for the
+    vocabulary); ``BlockCollator`` derives the labels (the ids, padding ignored; the model shifts them).
 
     ``for_evaluation=True`` makes every token of a split predicted exactly once: the stream starts
     with EOS (the context of a document start), consecutive blocks share one token, and the last
     partial block is kept (padded).
+
+    Map-style splits are tokenized by ``num_proc`` processes (default: the machine's cores when the
+    text is large) into one cached packed copy; streaming splits are packed on the fly.
     """
     if block_size < 2:
         raise ValueError(f"block_size must be >= 2, got {block_size}")
     eos_id = _required_id(tokenizer, "eos")
     drop_remainder = drop_remainder and not for_evaluation
-    pad_id = eos_id if drop_remainder else _required_id(tokenizer, "pad")
-    tok_key = tokenizer_fingerprint(tokenizer)
+    pack = {"eos_id": eos_id, "pad_id": eos_id if drop_remainder else _required_id(tokenizer, "pad"),
+            "drop_remainder": drop_remainder, "overlap": int(for_evaluation),
+            "prefix": (eos_id,) if for_evaluation else ()}
+    dtype = token_dtype(len(tokenizer))
     out = {}
     for name, split in dataset_dict.items():
         if "text" not in (split.column_names or []):
             raise ValueError(f"split {name!r} has no 'text' column (columns: {split.column_names}); use load_corpus")
-        fn_kwargs = {"tokenizer": tokenizer, "eos_id": eos_id}
-        pack_kwargs = {"block_size": block_size, "pad_id": pad_id, "drop_remainder": drop_remainder,
-                       "overlap": int(for_evaluation), "prefix": (eos_id,) if for_evaluation else ()}
         if isinstance(split, IterableDataset):
-            docs = split.map(_tokenize_documents, batched=True, remove_columns=split.column_names,
-                             fn_kwargs=fn_kwargs)
             out[name] = IterableDataset.from_generator(
-                _pack, features=BLOCK_FEATURES, gen_kwargs={"documents": docs, **pack_kwargs}
-            )
-            continue
-        docs = split.map(
-            _tokenize_documents,
-            batched=True,
-            num_proc=num_proc,
-            remove_columns=split.column_names,
-            fn_kwargs=fn_kwargs,
-            new_fingerprint=_fingerprint(split, "tokenize", tok_key),
-            desc=f"Tokenizing {name}",
-        )
-        try:
-            packed = Dataset.from_generator(
-                _pack,
-                features=BLOCK_FEATURES,
-                gen_kwargs={"documents": docs, **pack_kwargs},
-                fingerprint=_fingerprint(docs, "pack", block_size, pad_id, drop_remainder, for_evaluation),
-            )
-        except ValueError as err:  # datasets refuses to build a split with no rows
-            if "corresponds to no data" not in str(err):
-                raise
-            total = sum(len(ids) for ids in docs["ids"])
-            raise ValueError(
-                f"split {name!r} has {total} tokens, fewer than block_size={block_size}: no block was made. "
-                "Lower block_size, use more data, or pass drop_remainder=False."
-            ) from err
-        out[name] = packed
+                _iter_block_rows, features=block_features(block_size, dtype),
+                gen_kwargs={"rows": split, "tokenizer": tokenizer, "block_size": block_size, "pack": pack,
+                            "dtype": dtype})
+        else:
+            out[name] = _pack_split(split, name, tokenizer, block_size, num_proc, pack)
     return IterableDatasetDict(out) if isinstance(dataset_dict, IterableDatasetDict) else DatasetDict(out)
 
 

@@ -33,6 +33,7 @@ from ..data.corpus import (
     seq2seq_collator,
     tokenize_and_pack,
 )
+from ..data.preprocessing import block_collator
 from ..data.tokenizer import load_tokenizer, train_bpe_tokenizer
 from ..device import describe_hardware, pick_device
 from ..models import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration
@@ -192,16 +193,12 @@ def _first_rows(split: Any, limit: int | None) -> Any:
     return split if limit is None or limit >= len(split) else split.select(range(limit))
 
 
-def stack_blocks(rows: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
-    """Collate packed causal-LM rows (all the same length) into (batch, block) tensors."""
-    return {key: torch.tensor([row[key] for row in rows], dtype=torch.long) for key in rows[0]}
-
-
 def prepare_data(
     corpus: Any, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments, train_args: TrainArguments
 ) -> dict[str, Any]:
     """Model-ready train/validation sets, the collator and the texts used by generation metrics."""
     if data_args.task == "causal-lm":
+        collate = block_collator(tokenizer)
         train = tokenize_and_pack(DatasetDict(train=corpus["train"]), tokenizer, data_args.block_size,
                                   num_proc=data_args.num_proc)["train"]
         validation = tokenize_and_pack(DatasetDict(validation=corpus["validation"]), tokenizer, data_args.block_size,
@@ -210,9 +207,9 @@ def prepare_data(
             num_bytes = text_bytes(t for batch in corpus["validation"].iter(1000) for t in batch["text"])
         else:  # opt-in subset: the bytes of the tokens it scores
             validation = _first_rows(validation, data_args.max_eval_samples)
-            num_bytes = predicted_bytes(validation["labels"], tokenizer)
+            num_bytes = predicted_bytes(collate(list(validation))["labels"].tolist(), tokenizer)
         prompts = [" ".join(text.split()[:6]) for text in corpus["validation"]["text"][:8] if text.strip()]
-        return {"train": train, "validation": validation, "collate": stack_blocks, "prompts": prompts,
+        return {"train": train, "validation": validation, "collate": collate, "prompts": prompts,
                 "num_bytes": num_bytes}
     features = preprocess_seq2seq(
         corpus, tokenizer, max_source_length=data_args.max_source_length,

@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 from hf_minitx.data import corpus as data
 from hf_minitx.data import load_corpus, preprocess_seq2seq, rows_from_lines, tokenize_and_pack
+from hf_minitx.data.preprocessing import block_collator
 from hf_minitx.data.tokenizer import train_bpe_tokenizer
+from hf_minitx.models.configuration_minitx import IGNORE_INDEX
 
 PLAY = "ACT I\r\n\r\nHAMLET.\nWho's there?\n\n\nHORATIO.\n  Friends to this ground.\n\t\nHAMLET.\nGood night"
 
@@ -130,7 +132,8 @@ def test_rows_concatenate_to_the_text_and_chunks_end_only_inside_samples(text, s
 def packed_stream(rows: list[dict], tokenizer, block: int, **kwargs) -> tuple[list[int], list]:
     dd = datasets.DatasetDict(train=datasets.Dataset.from_list(rows, features=data.TEXT_ROW_FEATURES))
     blocks = tokenize_and_pack(dd, tokenizer, block, drop_remainder=False, **kwargs)["train"]
-    return [t for b in blocks for t in b["labels"] if t != -100], blocks
+    labels = block_collator(tokenizer)(list(blocks))["labels"]
+    return [t for t in labels.flatten().tolist() if t != IGNORE_INDEX], blocks
 
 
 @settings(max_examples=40, deadline=None)
@@ -156,7 +159,8 @@ def test_evaluation_blocks_predict_every_token_once(tokenizer):
     rows = [{"text": variants(i), "doc_end": True} for i in range(3)]
     plain, _ = packed_stream(rows, tokenizer, 7)
     _, blocks = packed_stream(rows, tokenizer, 7, for_evaluation=True)
-    predicted = [t for b in blocks for t in b["labels"][1:] if t != -100]
+    labels = block_collator(tokenizer)(list(blocks))["labels"][:, 1:]
+    predicted = [t for t in labels.flatten().tolist() if t != IGNORE_INDEX]
     assert blocks[0]["input_ids"][0] == tokenizer.eos_token_id  # the first token has a document start as context
     assert predicted == plain
     blocks = list(blocks)
@@ -173,7 +177,8 @@ def test_folder_round_trip_through_load_corpus_and_packing(tmp_path, tokenizer, 
     assert len(dd["train"]) > 1 and len(dd["validation"]) > 1
     packed = tokenize_and_pack(dd, tokenizer, 8, drop_remainder=False)
     for name, path in (("train", folder / "train.txt"), ("validation", folder / "validation.txt")):
-        ids = [t for b in packed[name] for t in b["labels"] if t != -100]
+        labels = block_collator(tokenizer)(list(packed[name]))["labels"]
+        ids = [t for t in labels.flatten().tolist() if t != IGNORE_INDEX]
         text = path.read_bytes().decode("utf-8")
         assert tokenizer.decode(ids) == text + tokenizer.eos_token
     # chunks are cut where byte-level BPE splits anyway: the ids are those of the whole document
