@@ -59,7 +59,9 @@ class DataArguments:
     source_column: str | None = field(default=None, metadata={"help": "Source column of a seq2seq corpus."})
     target_column: str | None = field(default=None, metadata={"help": "Target column of a seq2seq corpus."})
     validation_split: float = field(
-        default=0.05, metadata={"help": "Fraction of train carved out as validation when the corpus has none."}
+        default=0.05,
+        metadata={"help": "Validation carved from train when the corpus has none: a fraction (0.05), or a whole number N "
+                          "of samples (with --streaming: a fraction 1/k takes every k-th row, N the first N rows)."},
     )
     sample_by: Literal["document", "paragraph", "line"] = field(
         default="document",
@@ -80,15 +82,33 @@ class DataArguments:
     tokenizer_max_texts: int | None = field(
         default=20000, metadata={"help": "Train a fresh tokenizer on at most this many texts of the train split."}
     )
+    tokenizer_max_chars: int | None = field(
+        default=10_000_000,
+        metadata={"help": "Train a fresh tokenizer on at most this many characters too (text files come in ~1 MB rows)."},
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={"help": "causal-lm: read the corpus as a stream, tokenized and packed on the fly (nothing prepared or "
+                          "cached; a corpus larger than memory trains). Needs --max_steps. Resumes at the exact block."},
+    )
+    shuffle_buffer: int = field(
+        default=10_000,
+        metadata={"help": "--streaming: blocks in the seeded shuffle buffer (reseeded each epoch); 0 keeps stream order."},
+    )
     block_size: int = field(default=128, metadata={"help": "causal-lm: tokens per packed training block."})
     max_source_length: int = field(default=64, metadata={"help": "seq2seq: source tokens kept (EOS included)."})
     max_target_length: int = field(default=64, metadata={"help": "seq2seq: target tokens kept (EOS included)."})
     max_eval_samples: int | None = field(
         default=None,
         metadata={"help": "Opt-in subset: score only the first N validation rows (blocks or pairs); by default "
-                          "the whole validation split is scored."},
+                          "the whole validation split is scored. With --streaming: the held-out blocks read once "
+                          "(default 256)."},
     )
-    num_proc: int | None = field(default=None, metadata={"help": "Processes for datasets.map tokenization."})
+    num_proc: int | None = field(
+        default=None,
+        metadata={"help": "Processes that tokenize a map-style corpus (default: the machine's cores for 8 MB of text "
+                          "or more, else 1)."},
+    )
 
 
 @dataclass
@@ -159,6 +179,11 @@ class TrainArguments:
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, TrainArguments)
+
+
+def validation_split_value(value: float) -> float | int:
+    """``--validation_split`` as ``load_corpus`` takes it: a whole number >= 1 is a count, else a fraction."""
+    return int(value) if value >= 1 and float(value).is_integer() else value
 
 
 def _read_args_file(path: Path) -> dict[str, Any]:
