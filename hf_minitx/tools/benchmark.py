@@ -13,10 +13,12 @@ Workloads:
   GPT-2 `generate()`; at batch 1 also both without a cache (each model's cache speed-up).
 - `memory`: peak memory of a few training steps, each implementation in a fresh subprocess.
 - `mfu` (CUDA only): model FLOPs utilisation at a GPT-2-small shape in bf16, eager and `torch.compile`d.
+- data preparation (``data_prep_bench``): raw .txt to packed blocks, hf_minitx vs run_clm-style map + group_texts.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -30,6 +32,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import nn
+
+from .data_prep_bench import format_data_prep, run_data_prep
 
 # Workload name -> (reference implementation, implementations) in the order they are built.
 WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -553,7 +557,24 @@ class BenchmarkArguments:
     workloads: list[str] = field(default_factory=lambda: list(WORKLOADS), metadata={
         "help": f"which workloads to run: {', '.join(WORKLOADS)}"})
     no_memory: bool = field(default=False, metadata={"help": "skip the peak-memory subprocesses"})
+    data_prep_mb: float | None = field(default=None, metadata={
+        "help": "data preparation: MB of generated .txt to prepare (default 100, --quick 8)"})
+    data_prep_files: str | None = field(default=None, metadata={
+        "help": "data preparation: prepare these .txt files instead (comma-separated or a glob)"})
+    no_data_prep: bool = field(default=False, metadata={
+        "help": "skip the data-preparation section (hf_minitx vs run_clm-style map + group_texts)"})
     json: str | None = field(default=None, metadata={"help": "write every figure and the machine description here"})
+
+
+def _expand_files(spec: str | None) -> list[str] | None:
+    """A comma-separated list or glob of files, sorted; None when no spec."""
+    if not spec:
+        return None
+    files = sorted(f for part in spec.split(",") for f in (glob.glob(part.strip()) or [part.strip()]))
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise FileNotFoundError(f"--data_prep_files: no such file(s) {missing}")
+    return files
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -577,8 +598,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
     result = run_benchmark(shape, rounds=rounds, repeats=args.repeats, warmup=args.warmup, threads=args.threads,
                            device=args.device, workloads=tuple(args.workloads), memory=not args.no_memory,
                            log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    if not args.no_data_prep:
+        result["data_preparation"] = run_data_prep(
+            megabytes=args.data_prep_mb or (8 if args.quick else 100), files=_expand_files(args.data_prep_files),
+            log=lambda msg: print(msg, file=sys.stderr, flush=True))
     result["command"] = "minitx benchmark " + " ".join(argv if argv is not None else sys.argv[1:])
     print(format_table(result))
+    if "data_preparation" in result:
+        print("\n" + format_data_prep(result["data_preparation"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -14,7 +14,7 @@ from hf_minitx.tools.benchmark import WORKLOADS, BenchmarkShape, count_parameter
 
 TINY = ["--vocab-size", "64", "--context", "16", "--layers", "2", "--hidden", "32", "--heads", "2",
         "--batch", "2", "--seq2seq-len", "8", "--prompt-len", "4", "--new-tokens", "6", "--rounds", "2",
-        "--warmup", "0"]
+        "--warmup", "0", "--no-data-prep"]
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +105,19 @@ def test_bad_shape_is_rejected_before_work():
 def test_minitx_matches_gpt2_parameter_count_at_default_shape():
     shape = BenchmarkShape(vocab_size=512, context=32, hidden=64, heads=4, layers=2)
     assert count_parameters(benchmark.build("minitx-sdpa", shape)) == count_parameters(benchmark.build("gpt2", shape))
+
+
+@pytest.mark.slow
+def test_data_preparation_section_compares_both_recipes_on_the_same_text():
+    from hf_minitx.tools.data_prep_bench import SIDES, format_data_prep, run_data_prep
+
+    result = run_data_prep(megabytes=0.3, vocab_size=300, block_size=32, log=lambda _: None)
+    assert set(result["sides"]) == set(SIDES) and result["text_bytes"] > 250_000
+    for figures in result["sides"].values():
+        assert figures["seconds"] > 0 and figures["rows"] > 0
+        assert figures["text_mb_per_second"] == pytest.approx(result["text_bytes"] / 1e6 / figures["seconds"])
+        assert 0 < figures["cache_bytes_per_text_byte"] < 100
+    # the stored labels and wider ids of the reference take more room than one uint16 copy
+    assert (result["sides"]["run_clm-style"]["cache_bytes_per_text_byte"]
+            > result["sides"]["minitx"]["cache_bytes_per_text_byte"])
+    assert "speed-up of minitx" in format_data_prep(result)
