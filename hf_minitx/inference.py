@@ -23,6 +23,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from .data.tokenizer import checked_texts
 from .device import pick_device, pick_dtype
 from .training.evaluation import generate_texts
 
@@ -163,6 +164,7 @@ def generate(
         raise ValueError("give at least one prompt")
     kwargs = {k: v for k, v in generate_kwargs.items() if v is not None}
     check_generation_arguments(kwargs)
+    prompts = list(checked_texts(prompts, "the prompts"))
     if seed is not None:
         torch.manual_seed(seed)
     if model.config.is_encoder_decoder:

@@ -143,8 +143,9 @@ def tokenize_and_pack(
                 raise
             total = sum(len(ids) for ids in docs["ids"])
             raise ValueError(
-                f"split {name!r} has {total} tokens, fewer than block_size={block_size}: no block was made. "
-                "Lower block_size, use more data, or pass drop_remainder=False."
+                f"split {name!r} has {total} tokens in {len(split)} rows, fewer than block_size={block_size}: no "
+                "block was made. Lower --block_size or use more data (if the file should hold more rows, check "
+                "how it parsed, e.g. its quoting)."
             ) from err
         out[name] = packed
     return IterableDatasetDict(out) if isinstance(dataset_dict, IterableDatasetDict) else DatasetDict(out)

@@ -10,7 +10,7 @@ Special tokens have fixed ids, so model configs can rely on them:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -73,7 +73,7 @@ def train_bpe_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=show_progress,
     )
-    backend.train_from_iterator(iter(texts), trainer=trainer)
+    backend.train_from_iterator(checked_texts(texts, "the texts"), trainer=trainer)  # names a bad text
     for token, expected in zip(SPECIAL_TOKENS, range(len(SPECIAL_TOKENS)), strict=True):
         if backend.token_to_id(token) != expected:  # pragma: no cover - guards a tokenizers change
             raise RuntimeError(f"special token {token} got id {backend.token_to_id(token)}, expected {expected}")
@@ -92,9 +92,31 @@ def train_bpe_tokenizer(
     )
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
 def load_tokenizer(path_or_name: str) -> PreTrainedTokenizerFast:
     """Load a saved tokenizer folder (or a cached Hub id) with ``AutoTokenizer``."""
+    folder = Path(path_or_name)
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"{folder} holds no tokenizer (no tokenizer.json or tokenizer_config.json); pass a "
+                                "folder written by minitx train-tokenizer or tokenizer.save_pretrained, or leave "
+                                "--tokenizer out to train one")
     return AutoTokenizer.from_pretrained(path_or_name)
+
+
+def checked_texts(texts: Iterable[str], what: str = "the corpus") -> Iterator[str]:
+    """Yield `texts`, raising a ValueError that names the first one UTF-8 cannot encode (a lone surrogate
+    such as "\\ud800") and its position; the tokenizer itself would fail without saying where."""
+    for row, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+            yield text
+        except UnicodeEncodeError as error:
+            raise ValueError(
+                f"row {row} of {what} (starting {text[:40]!r}) has {text[error.start]!r} at character {error.start}, "
+                "a lone surrogate that is not valid Unicode text; fix the data (e.g. decode the file with "
+                "errors='replace') or drop that row") from None
 
 
 @dataclass

@@ -59,7 +59,8 @@ class DataArguments:
     source_column: str | None = field(default=None, metadata={"help": "Source column of a seq2seq corpus."})
     target_column: str | None = field(default=None, metadata={"help": "Target column of a seq2seq corpus."})
     validation_split: float = field(
-        default=0.05, metadata={"help": "Fraction of train carved out as validation when the corpus has none."}
+        default=0.05, metadata={"help": "Validation carved from train when the corpus has none: a fraction in (0, 1), "
+                                        "or a whole number >= 1 of samples (rows or documents)."}
     )
     sample_by: Literal["document", "paragraph", "line"] = field(
         default="document",
