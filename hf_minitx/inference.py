@@ -1,7 +1,8 @@
 """Load a saved model folder on the best device and generate from it: the one loader every command uses.
 
 `load_model_folder` picks the Auto class the config asks for (`AutoModelForSeq2SeqLM` for encoder-decoders,
-else `AutoModelForCausalLM`); `generate` turns prompts into strings for either kind.
+else `AutoModelForCausalLM`); `generate` turns prompts into strings for either kind (`generate_texts` is its
+batched encoder-decoder path, also used to score translations during training).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from .data.preprocessing import Seq2SeqCollator
 from .device import pick_device, pick_dtype
-from .training.evaluation import generate_texts
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -57,31 +58,81 @@ def load_model_folder(
 
 
 @torch.no_grad()
+def generate_texts(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    sources: Sequence[str],
+    *,
+    batch_size: int = 64,
+    max_source_length: int | None = None,
+    **generate_kwargs,
+) -> list[str]:
+    """Outputs of an encoder-decoder model for ``sources``, in batches; ``generate_kwargs`` (e.g.
+    max_new_tokens, num_beams, do_sample) go to ``generate()``.
+
+    Sources are encoded like the training data (ids + EOS, right padding), so train and test inputs
+    look the same to the encoder.
+    """
+    collate = Seq2SeqCollator(tokenizer.pad_token_id)
+    device = next(model.parameters()).device
+    outputs: list[str] = []
+    for start in range(0, len(sources), batch_size):
+        chunk = sources[start : start + batch_size]
+        ids = tokenizer(list(chunk), add_special_tokens=False)["input_ids"]
+        if max_source_length:
+            ids = [row[: max_source_length - 1] for row in ids]
+        batch = collate([{"input_ids": row + [tokenizer.eos_token_id]} for row in ids])
+        generated = model.generate(
+            input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+            **generate_kwargs,
+        )  # (batch, new tokens)
+        outputs.extend(text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True))
+    return outputs
+
+
+def _continue_prompts(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], **generate_kwargs: Any
+) -> list[str]:
+    """New text of a decoder-only model after each prompt (left-padded batch, prompt tokens removed)."""
+    device = next(model.parameters()).device
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    output = model.generate(**encoded, **generate_kwargs)  # (batch, prompt + new)
+    new_tokens = output[:, encoded["input_ids"].shape[1]:]  # (batch, new)
+    return tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+
+
+@torch.no_grad()
 def generate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
+    prompts: Sequence[str],
     *,
     seed: int | None = None,
     **generate_kwargs: Any,
 ) -> list[str]:
-    """Continuations (decoder-only) or outputs (encoder-decoder) of ``prompts``, one string each.
+    """Continuations (decoder-only) or outputs (encoder-decoder) of ``prompts``, one string each: the one
+    generation helper of the package (the CLI, the demo and training's sample generations call it).
 
     ``generate_kwargs`` go to ``model.generate`` (max_new_tokens, do_sample, temperature, top_k,
-    top_p, num_beams); None values are dropped so the model's generation_config decides.
+    top_p, num_beams); None values are dropped so the model's generation_config decides. With ``seed`` the
+    sampling is reproducible and the caller's RNG state is left as it was (training calls this mid-run).
+    The model is in eval mode while generating and comes back in the mode it had.
     """
     if not prompts:
         raise ValueError("give at least one prompt")
     kwargs = {k: v for k, v in generate_kwargs.items() if v is not None}
-    if seed is not None:
-        torch.manual_seed(seed)
-    if model.config.is_encoder_decoder:
-        return generate_texts(model, tokenizer, prompts, batch_size=len(prompts), **kwargs)
     device = next(model.parameters()).device
-    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-    output = model.generate(**encoded, **kwargs)  # (batch, prompt + new)
-    new_tokens = output[:, encoded["input_ids"].shape[1]:]  # (batch, new)
-    return tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            if model.config.is_encoder_decoder:
+                return generate_texts(model, tokenizer, list(prompts), batch_size=len(prompts), **kwargs)
+            return _continue_prompts(model, tokenizer, list(prompts), **kwargs)
+    finally:
+        model.train(was_training)
 
 
 @dataclass

@@ -15,8 +15,10 @@ from datasets import Dataset, DatasetDict, Features, IterableDataset, IterableDa
 from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
+from ..models.modeling_minitx import IGNORE_INDEX
+
 PREPROCESSING_VERSION = "1"  # bump when the output of a function here changes
-LABEL_PAD_ID = -100
+LABEL_PAD_ID = IGNORE_INDEX
 BLOCK_FEATURES = Features({"input_ids": Sequence(Value("int64")), "labels": Sequence(Value("int64"))})
 
 AnyDatasetDict = DatasetDict | IterableDatasetDict
@@ -82,7 +84,7 @@ def tokenize_and_pack(
 
     Blocks span document boundaries, so no token is lost except at the very end of each split: with
     ``drop_remainder=True`` (default) the last ``< block_size`` tokens of a split are dropped; with
-    False they form a last block right-padded with ``<pad>`` (labels ``-100``). Padding at the end of
+    False they form a last block right-padded with ``<pad>`` (labels ``IGNORE_INDEX``). Padding at the end of
     a causal block is never attended to by real tokens. ``labels`` equal ``input_ids``; the model
     shifts them. Every row is exactly ``block_size`` long.
     """
@@ -191,7 +193,7 @@ def preprocess_seq2seq(
 class Seq2SeqCollator:
     """Pad a list of seq2seq rows into tensors, always on the right.
 
-    ``input_ids`` are padded with the pad id, ``attention_mask`` with 0 and ``labels`` with -100
+    ``input_ids`` are padded with the pad id, ``attention_mask`` with 0 and ``labels`` with IGNORE_INDEX
     (ignored by the loss). The tokenizer's own ``padding_side`` ("left", for generation) is ignored
     on purpose: labels must be right-padded so that the shifted decoder inputs stay aligned.
     """
@@ -221,5 +223,5 @@ class Seq2SeqCollator:
 
 
 def seq2seq_collator(tokenizer: PreTrainedTokenizerBase, pad_to_multiple_of: int | None = None) -> Seq2SeqCollator:
-    """A collator for ``preprocess_seq2seq`` rows: right padding, labels padded with -100."""
+    """A collator for ``preprocess_seq2seq`` rows: right padding, labels padded with IGNORE_INDEX."""
     return Seq2SeqCollator(_required_id(tokenizer, "pad"), pad_to_multiple_of)

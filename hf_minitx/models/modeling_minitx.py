@@ -30,6 +30,8 @@ from .positions_minitx import (
     sinusoidal_table,
 )
 
+IGNORE_INDEX = -100  # label of a position the loss skips (padding): the one place this number is written
+
 AUTO_MAP = {
     "AutoConfig": "configuration_minitx.MiniTxConfig",
     "AutoModel": "modeling_minitx.MiniTxModel",
@@ -304,15 +306,21 @@ class MiniTxLMHeadMixin:
         self.lm_head = value
 
 
-def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """Mean cross-entropy over labelled positions; label -100 (padding) is ignored.
+def token_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0, reduction: str = "mean"
+) -> torch.Tensor:
+    """Cross-entropy of labelled positions; labels equal to IGNORE_INDEX (padding) are left out.
 
     logits (batch, seq, vocab) and labels (batch, seq) are already aligned (logits[t] predicts labels[t]).
+    ``reduction``: "mean" over labelled tokens (a scalar), "sum" (a scalar), or "none" (batch, seq) with 0
+    at ignored positions. The package's one cross-entropy: the heads and the trainer both call it.
     """
     flat_logits = logits.float().reshape(-1, logits.size(-1))  # (batch * seq, vocab)
-    return nn.functional.cross_entropy(
-        flat_logits, labels.reshape(-1), ignore_index=-100, label_smoothing=label_smoothing  # labels: (batch * seq,)
+    losses = nn.functional.cross_entropy(
+        flat_logits, labels.reshape(-1), ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing,  # (batch * seq,)
+        reduction=reduction,
     )
+    return losses.reshape(labels.shape) if reduction == "none" else losses  # (batch, seq) or scalar
 
 
 class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixin):
@@ -344,7 +352,7 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
     ) -> CausalLMOutputWithPast:
         """(batch, seq) ids -> logits (batch, seq, vocab); with `labels` (batch, seq), the shifted LM loss.
 
-        Labels are the input ids themselves (the shift happens here); -100 marks positions to ignore.
+        Labels are the input ids themselves (the shift happens here); IGNORE_INDEX marks positions to ignore.
         """
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -358,8 +366,8 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
         loss = None
         if labels is not None:
             # Shift the labels, not the logits: slicing the (batch, seq, vocab) logits would copy them forward
-            # and backward. The padded last position is ignored (-100), so the mean is over the same positions.
-            shifted = nn.functional.pad(labels[:, 1:], (0, 1), value=-100)  # (batch, seq)
+            # and backward. The padded last position is ignored (IGNORE_INDEX), so the mean is over the same positions.
+            shifted = nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)  # (batch, seq)
             loss = token_cross_entropy(logits, shifted)
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, past_key_values=outputs.past_key_values,
@@ -370,11 +378,11 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
 def shift_tokens_right(labels: torch.LongTensor, decoder_start_token_id: int, pad_token_id: int) -> torch.LongTensor:
     """Teacher forcing: decoder inputs are the labels moved one step right, starting with the start token.
 
-    (batch, seq) -> (batch, seq); ignored labels (-100) become padding.
+    (batch, seq) -> (batch, seq); ignored labels (IGNORE_INDEX) become padding.
     """
     shifted = labels.new_full(labels.shape, decoder_start_token_id)
     shifted[:, 1:] = labels[:, :-1]
-    return shifted.masked_fill(shifted == -100, pad_token_id)
+    return shifted.masked_fill(shifted == IGNORE_INDEX, pad_token_id)
 
 
 class MiniTxForConditionalGeneration(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixin):
@@ -417,7 +425,7 @@ class MiniTxForConditionalGeneration(MiniTxLMHeadMixin, MiniTxPreTrainedModel, G
         """Source (batch, src) + decoder ids (batch, tgt) -> logits (batch, tgt, vocab).
 
         With `labels` (batch, tgt) and no decoder ids, the decoder input is `labels` shifted right; the loss is
-        the cross-entropy of each label (-100 ignored).
+        the cross-entropy of each label (IGNORE_INDEX ignored).
         """
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)

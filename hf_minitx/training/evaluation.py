@@ -1,26 +1,30 @@
 """Validation metrics: loss, perplexity and bits per byte (causal LM); exact match and sacreBLEU from
-``generate()`` (seq2seq). Every function works under ``accelerate launch``: each process evaluates its
-shard and the totals are gathered, so the figures do not depend on the number of processes."""
+``generate()`` (seq2seq); ``TextEvaluation`` bundles them for the training loop. Every function works under
+``accelerate launch``: each process evaluates its shard and the totals are gathered, so the figures do not
+depend on the number of processes."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..data.preprocessing import Seq2SeqCollator
-from .loss import per_sequence_cross_entropy
+from ..inference import generate, generate_texts
+from ..models.modeling_minitx import IGNORE_INDEX
+from .loss import Objective, sequence_cross_entropy
 
 BYTES_COLUMN = "num_bytes"
 
 
 def count_block_bytes(labels: Sequence[int], tokenizer: PreTrainedTokenizerBase) -> int:
     """UTF-8 bytes of the text a causal block's predicted labels (all but the first) decode to."""
-    ids = [i for i in labels[1:] if i != -100]
+    ids = [i for i in labels[1:] if i != IGNORE_INDEX]
     return len(tokenizer.decode(ids, skip_special_tokens=True).encode("utf-8"))
 
 
@@ -45,7 +49,7 @@ def evaluate_loss(
         num_bytes = batch.pop(BYTES_COLUMN, None)
         call = inputs(batch) if inputs else {k: v for k, v in batch.items() if k != "labels"}
         logits = model(**call).logits  # (batch, seq, vocab)
-        nats, counts = per_sequence_cross_entropy(logits, batch["labels"], shift=shift)  # (batch,) each
+        nats, counts = sequence_cross_entropy(logits, batch["labels"], shift=shift)  # (batch,) each
         if num_bytes is None:
             num_bytes = torch.zeros_like(counts)
         rows = torch.stack([nats.double(), counts.double(), num_bytes.double()], dim=1)  # (batch, 3)
@@ -59,39 +63,6 @@ def evaluate_loss(
     if num_bytes > 0:
         metrics["eval_bits_per_byte"] = nats / (math.log(2) * num_bytes)
     return metrics
-
-
-@torch.no_grad()
-def generate_texts(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    sources: Sequence[str],
-    *,
-    batch_size: int = 64,
-    max_source_length: int | None = None,
-    **generate_kwargs,
-) -> list[str]:
-    """Outputs of an encoder-decoder model for ``sources``, in batches; ``generate_kwargs`` (e.g.
-    max_new_tokens, num_beams, do_sample) go to ``generate()``.
-
-    Sources are encoded like the training data (ids + EOS, right padding), so train and test inputs
-    look the same to the encoder.
-    """
-    collate = Seq2SeqCollator(tokenizer.pad_token_id)
-    device = next(model.parameters()).device
-    outputs: list[str] = []
-    for start in range(0, len(sources), batch_size):
-        chunk = sources[start : start + batch_size]
-        ids = tokenizer(list(chunk), add_special_tokens=False)["input_ids"]
-        if max_source_length:
-            ids = [row[: max_source_length - 1] for row in ids]
-        batch = collate([{"input_ids": row + [tokenizer.eos_token_id]} for row in ids])
-        generated = model.generate(
-            input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-            **generate_kwargs,
-        )  # (batch, new tokens)
-        outputs.extend(text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True))
-    return outputs
 
 
 def exact_match(predictions: Sequence[str], references: Sequence[str]) -> float:
@@ -131,3 +102,41 @@ def evaluate_generation(
         "eval_bleu": corpus_bleu(ordered, references),
     }
     return metrics, ordered
+
+
+@dataclass
+class TextEvaluation:
+    """What `minitx train` measures at each evaluation, on every process together.
+
+    The validation loss (with perplexity and, for causal LM, bits per byte); for seq2seq also exact match
+    and BLEU of generated outputs. It returns a few generations for a human to read: the first scored
+    translations, or sampled continuations of ``prompts`` (decoder-only).
+    """
+
+    loader: Iterable[dict]  # the prepared validation dataloader
+    objective: Objective
+    tokenizer: PreTrainedTokenizerBase
+    prompts: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)  # seq2seq: translated and scored against references
+    references: list[str] = field(default_factory=list)
+    generation: dict[str, Any] = field(default_factory=dict)  # generate_texts settings of the scored outputs
+    num_samples: int = 2
+    seed: int = 0
+
+    def __call__(self, model: torch.nn.Module, accelerator: Accelerator) -> tuple[dict[str, float], list[dict]]:
+        """(metrics, samples) of the prepared ``model``; samples are [{"prompt", "output"(, "reference")}]."""
+        metrics = evaluate_loss(model, self.loader, accelerator, shift=self.objective.shift,
+                                inputs=self.objective.model_inputs)
+        unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False).eval()  # no dropout while generating
+        if self.sources:
+            scored, predictions = evaluate_generation(unwrapped, self.tokenizer, self.sources, self.references,
+                                                      accelerator, **self.generation)
+            metrics.update(scored)
+            n = self.num_samples
+            return metrics, [{"prompt": s, "output": p, "reference": r} for s, p, r in
+                             zip(self.sources[:n], predictions[:n], self.references[:n], strict=True)]
+        if not (self.prompts and accelerator.is_main_process):
+            return metrics, []
+        style = {"do_sample": True, "top_k": 40, "temperature": 0.8} if self.objective.shift else {"do_sample": False}
+        outputs = generate(unwrapped, self.tokenizer, self.prompts, seed=self.seed, max_new_tokens=48, **style)
+        return metrics, [{"prompt": p, "output": o.strip()} for p, o in zip(self.prompts, outputs, strict=True)]
