@@ -12,6 +12,7 @@ dataset of token ids, so they write the same `metrics.jsonl` and `training_summa
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -21,12 +22,13 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 from transformers import get_scheduler
 
+from ..cli import Interrupted
+from ..folders import check_output_folder, replace_folder
 from ..models.configuration_minitx import MiniTxConfig
 from ..models.modeling_minitx import IGNORE_INDEX, MiniTxForConditionalGeneration
 from ..training.evaluation import evaluate_loss
 from ..training.loop import LoopSettings, RunState, TrainingRun, finish, fit, run_summary
 from ..training.loss import Objective
-from ..training.outputs import METRICS_FILE
 
 TASKS = ("copy", "reverse")
 SCHEDULES = ("inverse_sqrt", "constant_with_warmup", "cosine", "linear")  # names as in `minitx train --lr_scheduler_type`
@@ -61,6 +63,7 @@ class ExperimentConfig:
     stop_at_exact_match: float | None = field(default=100.0, metadata={"help": "stop when validation exact match (percent) reaches this (none: run all steps)"})
     seed: int = field(default=0, metadata={"help": "seed of the data and the weights"})
     output_dir: str | None = field(default=None, metadata={"help": "folder for metrics.jsonl, the model and training_summary.json"})
+    overwrite: bool = field(default=False, metadata={"help": "replace a non-empty --output_dir (refused otherwise)"})
 
 
     def __post_init__(self) -> None:
@@ -212,10 +215,14 @@ def run_experiment(config: ExperimentConfig) -> dict:
     """
     out = Path(config.output_dir) if config.output_dir else None
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / METRICS_FILE).write_text("")
+        check_output_folder(out, flag="--overwrite", overwrite=config.overwrite)
     run, state = build_run(config, out), RunState()
+    if out is not None:
+        replace_folder(out, command="experiment")  # every check passed: only now is anything removed
     outcome = fit(run, state)
+    if outcome.interrupted_by is not None:
+        raise Interrupted(f"experiment stopped by {signal.Signals(outcome.interrupted_by).name} after step "
+                          f"{state.step}; toy runs are short, so nothing was saved: run it again", 128 + outcome.interrupted_by)
     summary = {
         "task": "seq2seq", "dataset": f"toy:{config.task}", "dataset_config": None, "hub_dataset": False,
         **run_summary(run, state, outcome), "preset": f"experiment-{config.task}", "seed": config.seed,
@@ -234,11 +241,12 @@ def compare(config: ExperimentConfig, field: str, values: list, output_dir: str 
     """
     from .visualize import plot_training
 
-    if field not in ExperimentConfig.__dataclass_fields__ or field in ("output_dir", "seed"):
+    if field not in ExperimentConfig.__dataclass_fields__ or field in ("output_dir", "seed", "overwrite"):
         raise ValueError(f"Cannot compare on {field!r}; pick an ExperimentConfig field such as norm_position.")
     if len(values) < 2:
         raise ValueError(f"Give at least two values of {field} to compare, got {values}.")
-    root = Path(output_dir)
+    root = check_output_folder(output_dir, flag="--overwrite", overwrite=config.overwrite)
+    replace_folder(root, command="experiment")
     runs = {f"{field}={v}": replace(config, **{field: v}, output_dir=str(root / f"{field}-{v}")) for v in values}
     summaries = {label: run_experiment(run) for label, run in runs.items()}
     plot_training({label: run.output_dir for label, run in runs.items()}, out or root / "comparison.png",

@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import shutil
+import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from accelerate import Accelerator
@@ -35,24 +40,21 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
+from ..cli import Interrupted
 from ..device import describe_hardware
+from ..folders import PARTIAL_SUFFIX, move_files_into
 from .arguments import DataArguments, ModelArguments, TrainArguments, parse_training_args
-from .checkpoints import (
-    CHECKPOINT_PREFIX,
-    clear_previous_run,
-    list_checkpoints,
-    rotate_checkpoints,
-    write_run_state,
-)
+from .checkpoints import CHECKPOINT_PREFIX, list_checkpoints, rotate_checkpoints, write_run_state
 from .data_order import StepIndexedBatchSampler
 from .evaluation import TextEvaluation
 from .loss import Objective
-from .outputs import LOSS_CURVE_FILE, append_metrics, save_final_model, truncate_metrics
+from .outputs import LOSS_CURVE_FILE, SUMMARY_FILE, append_metrics, save_final_model, truncate_metrics
 from .prepare import (
     RunPlan,
     build_model,
     build_optimizer,
     check_global_batch,
+    claim_output_folder,
     get_tokenizer,
     is_hub_dataset,
     load_training_corpus,
@@ -130,6 +132,45 @@ class FitOutcome:
     stopped_by_time_budget: bool = False
     target_seconds: float | None = None  # training seconds when ``stop_when`` was reached
     cpu_seconds: float = 0.0  # this process, this session
+    interrupted_by: int | None = None  # the signal (SIGINT, SIGTERM) that stopped the run
+    checkpoint: Path | None = None  # saved on interruption
+
+
+class WindowCounts(NamedTuple):
+    """One accumulation window, summed over every process."""
+
+    label_tokens: int
+    input_tokens: int
+    time_up: bool
+    interrupted: bool
+
+
+class StopSignals:
+    """SIGINT and SIGTERM ask ``fit`` to stop after the current step (and save); a second one quits at once.
+
+    Installed only in the main thread (signal handlers cannot be set elsewhere); the previous handlers
+    come back when ``fit`` ends.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def handle(self, signum: int, frame: object) -> None:
+        if self.received is not None:
+            os._exit(128 + signum)  # the second signal: nothing half-written is left by design, so quit now
+        self.received = signum
+        print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
+              "(press Ctrl-C again to quit at once)", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -155,6 +196,11 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
     plan = plan_run(model_args, data_args, train_args)  # every check that needs no data
     run, tokenizer, state = setup(plan)
     outcome = fit(run, state)
+    if outcome.interrupted_by is not None:
+        raise Interrupted(
+            f"training stopped by {signal.Signals(outcome.interrupted_by).name} after step {state.step}; saved "
+            f"{outcome.checkpoint}. Resume with the same command plus --resume_from_checkpoint latest",
+            128 + outcome.interrupted_by)
     summary = {
         "task": data_args.task, "dataset": data_args.dataset, "dataset_config": data_args.dataset_config,
         "hub_dataset": is_hub_dataset(data_args.dataset), **run_summary(run, state, outcome),
@@ -171,11 +217,6 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
     accelerator = make_accelerator(train_args, plan.trackers)
     k = train_args.gradient_accumulation_steps
     check_global_batch(plan, train_args.per_device_train_batch_size * accelerator.num_processes * k)
-    if accelerator.is_main_process:
-        if train_args.overwrite_output_dir and plan.checkpoint is None:
-            clear_previous_run(plan.output_dir)
-        plan.output_dir.mkdir(parents=True, exist_ok=True)
-    accelerator.wait_for_everyone()
     set_seed(train_args.seed)
     with accelerator.main_process_first():
         corpus = load_training_corpus(plan)
@@ -196,6 +237,8 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
     model, optimizer, eval_loader = accelerator.prepare(model, optimizer, eval_loader)
     accelerator.register_for_checkpointing(scheduler)  # stepped by us, once per optimizer step
 
+    run_id = claim_output_folder(plan) if accelerator.is_main_process else None  # the first write of the run
+    accelerator.wait_for_everyone()
     state = resume(plan, accelerator)
     evaluation = TextEvaluation(
         eval_loader, plan.objective, tokenizer, prompts=data["prompts"], sources=data["sources"],
@@ -213,9 +256,9 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
     )
     batches = iter(training_loader(data, train_args, accelerator, start=state.step * k))
     run = TrainingRun(accelerator, model, optimizer, scheduler, batches, plan.objective, evaluation, settings,
-                      plan.output_dir, checkpoint_fields={**plan.identity, "global_batch_size":
-                                                          train_args.per_device_train_batch_size * accelerator.num_processes * k,
-                                                          "seed": train_args.seed})
+                      plan.output_dir, checkpoint_fields={
+                          **plan.identity, "run_id": run_id, "seed": train_args.seed,
+                          "global_batch_size": train_args.per_device_train_batch_size * accelerator.num_processes * k})
     start_trackers(plan, accelerator)
     return run, tokenizer, state
 
@@ -254,8 +297,9 @@ def start_trackers(plan: RunPlan, accelerator: Accelerator) -> None:
 
 
 def fit(run: TrainingRun, state: RunState) -> FitOutcome:
-    """Optimizer steps until ``total_steps``, the time budget or the target metric; logs, evaluates and
-    checkpoints on schedule, and evaluates at the end unless the last step was just evaluated."""
+    """Optimizer steps until ``total_steps``, the time budget, the target metric or a stop signal; logs,
+    evaluates and checkpoints on schedule, and evaluates at the end unless the last step was just evaluated.
+    A stop signal ends the loop after the current step with a checkpoint (when the run has a folder)."""
     settings, accelerator = run.settings, run.accelerator
     run.model.train()
     progress = tqdm(total=settings.total_steps, initial=state.step, unit="step",
@@ -263,50 +307,67 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
                     disable=not (accelerator.is_local_main_process and settings.show_progress))
     outcome, interval, evaluated_at = FitOutcome(), Interval(), -1
     start, cpu_start = time.perf_counter() - state.train_seconds, time.process_time()
-    while state.step < settings.total_steps:
-        window = [next(run.batches) for _ in range(settings.accumulation_steps)]
-        window = [{k: v.to(accelerator.device) for k, v in batch.items()} for batch in window]
-        time_up = settings.max_seconds is not None and time.perf_counter() - start > settings.max_seconds
-        label_tokens, input_tokens, stop = count_window(run, window, time_up)
-        if stop:
-            outcome.stopped_by_time_budget = True
-            accelerator.print(f"time budget of {settings.max_seconds / 60:g} min reached at step {state.step}")
-            break
-        loss, learning_rate = train_step(run, state, window, label_tokens)
-        state.step += 1
-        state.tokens_seen += input_tokens
-        state.train_seconds = time.perf_counter() - start
-        interval.add(loss, label_tokens, input_tokens)
-        progress.update(1)
-        if state.step % settings.logging_steps == 0 or state.step == settings.total_steps:
-            log_train(run, state, interval, learning_rate, progress)
-            interval = Interval()
-        if settings.eval_steps and state.step % settings.eval_steps == 0:
-            evaluated_at = state.step
-            if evaluate_and_check_target(run, state, outcome):
+    with StopSignals() as signals:
+        while state.step < settings.total_steps:
+            window = [next(run.batches) for _ in range(settings.accumulation_steps)]
+            window = [{k: v.to(accelerator.device) for k, v in batch.items()} for batch in window]
+            time_up = settings.max_seconds is not None and time.perf_counter() - start > settings.max_seconds
+            counts = count_window(run, window, time_up=time_up, interrupted=signals.received is not None)
+            if counts.interrupted or counts.time_up:
+                stop_early(run, state, outcome, counts, signals.received)
                 break
-        if settings.checkpointing_steps and state.step % settings.checkpointing_steps == 0:
-            save_checkpoint(run, state)
+            loss, learning_rate = train_step(run, state, window, counts.label_tokens)
+            state.step += 1
+            state.tokens_seen += counts.input_tokens
+            state.train_seconds = time.perf_counter() - start
+            interval.add(loss, counts.label_tokens, counts.input_tokens)
+            progress.update(1)
+            if state.step % settings.logging_steps == 0 or state.step == settings.total_steps:
+                log_train(run, state, interval, learning_rate, progress)
+                interval = Interval()
+            if settings.eval_steps and state.step % settings.eval_steps == 0:
+                evaluated_at = state.step
+                if evaluate_and_check_target(run, state, outcome):
+                    break
+            if settings.checkpointing_steps and state.step % settings.checkpointing_steps == 0:
+                save_checkpoint(run, state)
     progress.close()
-    if evaluated_at != state.step:
+    if evaluated_at != state.step and outcome.interrupted_by is None:
         evaluate_and_check_target(run, state, outcome)
     outcome.cpu_seconds = time.process_time() - cpu_start
     return outcome
 
 
-def count_window(run: TrainingRun, window: list[dict[str, torch.Tensor]], stop: bool) -> tuple[int, int, bool]:
-    """(label tokens, input tokens, stop) of the window on every process together: one reduce per step.
+def count_window(
+    run: TrainingRun, window: list[dict[str, torch.Tensor]], *, time_up: bool, interrupted: bool
+) -> WindowCounts:
+    """Token counts and stop wishes of the window on every process together: one reduce per step.
 
-    ``stop`` is this process's wish to stop; the sum makes every process agree, so none is left waiting.
+    A process's wish to stop (time budget, a signal) is summed with the others', so every process stops
+    at the same step and none is left waiting in a collective call (saving a checkpoint is one).
     """
     objective, device = run.objective, run.accelerator.device
     counts = torch.stack([
         sum(objective.label_tokens(batch) for batch in window),
         sum(objective.input_tokens(batch) for batch in window),
-        torch.tensor(int(stop), device=device),
+        torch.tensor(int(time_up), device=device),
+        torch.tensor(int(interrupted), device=device),
     ]).long()
-    label_tokens, input_tokens, stops = run.accelerator.reduce(counts, "sum").tolist()
-    return label_tokens, input_tokens, stops > 0
+    label_tokens, input_tokens, time_flags, stop_flags = run.accelerator.reduce(counts, "sum").tolist()
+    return WindowCounts(label_tokens, input_tokens, time_flags > 0, stop_flags > 0)
+
+
+def stop_early(
+    run: TrainingRun, state: RunState, outcome: FitOutcome, counts: WindowCounts, received: int | None
+) -> None:
+    """Note why the loop stops before ``total_steps``; on a signal, save a checkpoint to resume from."""
+    if counts.interrupted:
+        outcome.interrupted_by = received or signal.SIGTERM  # another process got the signal
+        if run.output_dir is not None and run.checkpoint_fields:
+            outcome.checkpoint = save_checkpoint(run, state)
+        return
+    outcome.stopped_by_time_budget = True
+    run.accelerator.print(f"time budget of {run.settings.max_seconds / 60:g} min reached at step {state.step}")
 
 
 def train_step(
@@ -392,13 +453,25 @@ def evaluate_and_check_target(run: TrainingRun, state: RunState, outcome: FitOut
 
 
 def save_checkpoint(run: TrainingRun, state: RunState) -> Path:
-    """Accelerator state (model, optimizer, scheduler, every process's RNG) and the RunState; oldest rotated."""
-    path = run.output_dir / f"{CHECKPOINT_PREFIX}{state.step}"
-    run.accelerator.save_state(str(path), safe_serialization=False)
-    if run.accelerator.is_main_process:
-        write_run_state(path, {**run.checkpoint_fields, **asdict(state)})
+    """Accelerator state (model, optimizer, scheduler, every process's RNG) and the RunState; oldest rotated.
+
+    Everything is written into a hidden ``.checkpoint-STEP.partial`` folder that is renamed once complete,
+    so a kill at any moment leaves no half-written ``checkpoint-STEP``.
+    """
+    accelerator, path = run.accelerator, run.output_dir / f"{CHECKPOINT_PREFIX}{state.step}"
+    partial = path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
+    if accelerator.is_main_process:
+        shutil.rmtree(partial, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(partial), safe_serialization=False)  # every process saves its RNG state
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        write_run_state(partial, {**run.checkpoint_fields, **asdict(state)})
+        if path.exists():  # a checkpoint of an earlier session at the same step
+            shutil.rmtree(path)
+        partial.rename(path)
         rotate_checkpoints(run.output_dir, run.settings.save_total_limit)
-    run.accelerator.wait_for_everyone()
+    accelerator.wait_for_everyone()
     return path
 
 
@@ -425,13 +498,20 @@ def finish(
     run: TrainingRun, tokenizer: PreTrainedTokenizerBase | None, summary: dict[str, Any], *, max_new_tokens: int,
     card: bool = True, push_to: str | None = None,
 ) -> None:
-    """Write the final folder (main process), draw its loss curve, render its card, push it if asked."""
+    """Write the final folder (main process), draw its loss curve, render its card, push it if asked.
+
+    The files are written into a hidden folder first and renamed into place with training_summary.json last:
+    a folder with a summary holds a complete model.
+    """
     accelerator = run.accelerator
     accelerator.wait_for_everyone()
     if accelerator.is_main_process and run.output_dir is not None:
         model = accelerator.unwrap_model(run.model, keep_torch_compile=False)
-        save_final_model(model, tokenizer, run.output_dir, summary, max_new_tokens=max_new_tokens)
-        draw_loss_curve(run.output_dir)
+        partial = run.output_dir / f".final{PARTIAL_SUFFIX}"  # written whole, then renamed file by file
+        shutil.rmtree(partial, ignore_errors=True)
+        save_final_model(model, tokenizer, partial, summary, max_new_tokens=max_new_tokens)
+        draw_loss_curve(run.output_dir, partial / LOSS_CURVE_FILE)
+        move_files_into(partial, run.output_dir, last=SUMMARY_FILE)  # the summary marks a finished run
         if card:
             write_card(run.output_dir)
         if push_to:
@@ -442,15 +522,16 @@ def finish(
     accelerator.end_training()
 
 
-def draw_loss_curve(output_dir: Path) -> Path | None:
-    """loss_curve.png from metrics.jsonl (skipped with a warning without matplotlib)."""
+def draw_loss_curve(output_dir: Path, out: Path) -> Path | None:
+    """The loss curve of output_dir/metrics.jsonl into ``out`` (skipped with a warning when it cannot be drawn:
+    no matplotlib, or no train record yet)."""
     try:
         from ..tools.visualize import plot_training
-    except ImportError as err:
+
+        plot_training(output_dir, out, title=f"Training curves: {output_dir.name}")
+    except (ImportError, ValueError) as err:
         logger.warning("no loss curve: %s", err)
         return None
-    out = output_dir / LOSS_CURVE_FILE
-    plot_training(output_dir, out, title=f"Training curves: {output_dir.name}")
     return out
 
 

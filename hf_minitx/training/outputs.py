@@ -11,6 +11,8 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..folders import write_file
+
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "training_summary.json"
 LOSS_CURVE_FILE = "loss_curve.png"
@@ -30,12 +32,19 @@ def append_metrics(output_dir: str | Path, record: dict[str, Any]) -> None:
 
 
 def truncate_metrics(output_dir: str | Path, step: int) -> None:
-    """Drop records after ``step`` (a resumed run rewrites them)."""
+    """Drop records after ``step`` (a resumed run rewrites them), and a last line cut short by a kill."""
     path = Path(output_dir) / METRICS_FILE
     if not path.is_file():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in kept))
+    kept = [line for line in path.read_text().splitlines() if (record := _parse(line)) and record["step"] <= step]
+    write_file(path, lambda tmp: tmp.write_text("".join(line + "\n" for line in kept)))
+
+
+def _parse(line: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def set_generation_defaults(

@@ -7,6 +7,8 @@ Everything here runs once per run; the loop itself (``loop.py``) never looks bac
 from __future__ import annotations
 
 import os
+import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +28,23 @@ from ..data.corpus import (
 )
 from ..data.tokenizer import load_tokenizer, train_bpe_tokenizer
 from ..device import pick_device
+from ..folders import (
+    PARTIAL_SUFFIX,
+    check_output_folder,
+    move_files_into,
+    read_marker,
+    replace_folder,
+    write_marker,
+)
 from ..models import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration
 from .arguments import DataArguments, ModelArguments, TrainArguments, load_preset, parse_config_overrides
-from .checkpoints import check_compatible, check_output_dir, read_run_state, resolve_checkpoint
+from .checkpoints import (
+    check_checkpoint_files,
+    check_compatible,
+    check_same_run,
+    read_run_state,
+    resolve_checkpoint,
+)
 from .data_order import stack_rows
 from .evaluation import BYTES_COLUMN, count_block_bytes
 from .loss import Objective
@@ -150,12 +166,22 @@ def check_training_arguments(train_args: TrainArguments) -> None:
         raise ValueError(f"--num_epochs must be > 0 (or give --max_steps), got {train_args.num_epochs}")
     if not 0.0 <= train_args.label_smoothing < 1.0:
         raise ValueError(f"--label_smoothing must be in [0, 1), got {train_args.label_smoothing}")
-    if train_args.push_to_hub and not train_args.hub_model_id:
-        raise ValueError("--push_to_hub needs --hub_model_id USER/NAME")
+    if train_args.max_minutes is not None and train_args.max_minutes <= 0:
+        raise ValueError(f"--max_minutes must be > 0 (or left out for no time budget), got {train_args.max_minutes}")
+    if train_args.push_to_hub:
+        if not train_args.hub_model_id:
+            raise ValueError("--push_to_hub needs --hub_model_id USER/NAME")
+        from ..hub.push import check_upload_ready
+
+        check_upload_ready(train_args.hub_model_id)  # repo id, token, online: before any training
 
 
 def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: TrainArguments) -> RunPlan:
-    """Every check that needs no data, in one place; the result drives the whole run."""
+    """Every check that needs no data, in one place; nothing is written. The result drives the whole run.
+
+    The output folder: a new run needs it missing or empty (or --overwrite_output_dir); a resumed run needs a
+    readable checkpoint of this folder's own run.
+    """
     settings = resolve_model_settings(model_args, data_args)
     config = build_config(settings, model_args.preset)
     check_training_arguments(train_args)
@@ -165,12 +191,15 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
         objective=Objective.for_task(data_args.task, train_args.label_smoothing),
         output_dir=Path(train_args.output_dir), trackers=parse_trackers(train_args.report_to),
     )
-    resuming = train_args.resume_from_checkpoint is not None
-    check_output_dir(plan.output_dir, overwrite=train_args.overwrite_output_dir, resuming=resuming)
-    if resuming:
-        plan.checkpoint = resolve_checkpoint(train_args.resume_from_checkpoint, plan.output_dir)
-        plan.resume_state = read_run_state(plan.checkpoint)
-        check_compatible(plan.checkpoint, plan.resume_state, plan.identity)
+    if train_args.resume_from_checkpoint is None:
+        check_output_folder(plan.output_dir, flag="--overwrite_output_dir (or --resume_from_checkpoint latest to "
+                            "continue a run)", overwrite=train_args.overwrite_output_dir)
+        return plan
+    plan.checkpoint = resolve_checkpoint(train_args.resume_from_checkpoint, plan.output_dir)
+    plan.resume_state = read_run_state(plan.checkpoint)
+    check_compatible(plan.checkpoint, plan.resume_state, plan.identity)
+    check_same_run(plan.output_dir, plan.checkpoint, plan.resume_state)
+    check_checkpoint_files(plan.checkpoint)
     return plan
 
 
@@ -225,24 +254,46 @@ def load_training_corpus(plan: RunPlan) -> Any:
     )
 
 
-def get_tokenizer(plan: RunPlan, corpus: Any, accelerator: Accelerator) -> PreTrainedTokenizerBase:
-    """The given tokenizer folder, or a byte-level BPE trained on the training split (saved in output_dir).
+def tokenizer_staging(plan: RunPlan) -> Path:
+    """Where a freshly trained tokenizer waits (a hidden sibling of output_dir) until the folder is claimed."""
+    return plan.output_dir.with_name(f".{plan.output_dir.name}.tokenizer{PARTIAL_SUFFIX}")
 
-    A resumed run reuses the tokenizer its first session saved.
-    """
+
+def get_tokenizer(plan: RunPlan, corpus: Any, accelerator: Accelerator) -> PreTrainedTokenizerBase:
+    """The given tokenizer folder, the one a resumed run saved, or a byte-level BPE trained on the training
+    split (the main process trains it into ``tokenizer_staging``; ``claim_output_folder`` moves it in)."""
     data_args, output_dir = plan.data_args, plan.output_dir
     if data_args.tokenizer:
         return load_tokenizer(data_args.tokenizer)
-    if not (plan.checkpoint is not None and (output_dir / "tokenizer.json").is_file()):
-        if accelerator.is_main_process:
-            accelerator.print(f"training a {data_args.tokenizer_vocab_size}-token BPE tokenizer on {data_args.dataset}")
-            tokenizer = train_bpe_tokenizer(
-                iter_training_texts(corpus["train"], max_texts=data_args.tokenizer_max_texts, seed=plan.train_args.seed),
-                data_args.tokenizer_vocab_size, model_max_length=plan.config.max_position_embeddings,
-            )
-            tokenizer.save_pretrained(output_dir)
-        accelerator.wait_for_everyone()
-    return load_tokenizer(str(output_dir))
+    if plan.checkpoint is not None and (output_dir / "tokenizer.json").is_file():
+        return load_tokenizer(str(output_dir))
+    staging = tokenizer_staging(plan)
+    if accelerator.is_main_process:
+        accelerator.print(f"training a {data_args.tokenizer_vocab_size}-token BPE tokenizer on {data_args.dataset}")
+        tokenizer = train_bpe_tokenizer(
+            iter_training_texts(corpus["train"], max_texts=data_args.tokenizer_max_texts, seed=plan.train_args.seed),
+            data_args.tokenizer_vocab_size, model_max_length=plan.config.max_position_embeddings,
+        )
+        shutil.rmtree(staging, ignore_errors=True)
+        tokenizer.save_pretrained(staging)
+    accelerator.wait_for_everyone()
+    return load_tokenizer(str(staging))
+
+
+def claim_output_folder(plan: RunPlan) -> str:
+    """Main process, once every check passed: the only place a run's old folder is replaced. A new run
+    empties (or creates) output_dir and marks it; a resumed run keeps it. Returns the run id."""
+    if plan.checkpoint is None:
+        run_id = replace_folder(plan.output_dir, command="train")
+    else:
+        marker = read_marker(plan.output_dir)
+        run_id = (marker or {}).get("run_id") or plan.resume_state.get("run_id") or uuid.uuid4().hex[:12]
+        if marker is None:
+            write_marker(plan.output_dir, command="train", run_id=run_id)
+    staging = tokenizer_staging(plan)
+    if staging.is_dir():
+        move_files_into(staging, plan.output_dir)
+    return run_id
 
 
 def _first_rows(split: Any, limit: int | None) -> Any:
