@@ -15,8 +15,10 @@ from datasets import Dataset, DatasetDict, Features, IterableDataset, IterableDa
 from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
+from ..models.modeling_minitx import IGNORE_INDEX
+
 PREPROCESSING_VERSION = "2"  # bump when the output of a function here changes
-LABEL_PAD_ID = -100
+LABEL_PAD_ID = IGNORE_INDEX
 BLOCK_FEATURES = Features({"input_ids": Sequence(Value("int64")), "labels": Sequence(Value("int64"))})
 
 AnyDatasetDict = DatasetDict | IterableDatasetDict
@@ -95,7 +97,7 @@ def tokenize_and_pack(
     the chunks of one document are joined with nothing between them. Blocks span document boundaries,
     so no token is lost except at the very end of each split: with ``drop_remainder=True`` (default)
     the last ``< block_size`` tokens of a split are dropped; with False they form a last block
-    right-padded with ``<pad>`` (labels ``-100``). ``labels`` equal ``input_ids``; the model shifts them.
+    right-padded with ``<pad>`` (labels ``IGNORE_INDEX``). ``labels`` equal ``input_ids``; the model shifts them.
     Every row is exactly ``block_size`` long.
 
     ``for_evaluation=True`` makes every token of a split predicted exactly once: the stream starts
@@ -214,7 +216,7 @@ def preprocess_seq2seq(
 class Seq2SeqCollator:
     """Pad a list of seq2seq rows into tensors, always on the right.
 
-    ``input_ids`` are padded with the pad id, ``attention_mask`` with 0 and ``labels`` with -100
+    ``input_ids`` are padded with the pad id, ``attention_mask`` with 0 and ``labels`` with IGNORE_INDEX
     (ignored by the loss). The tokenizer's own ``padding_side`` ("left", for generation) is ignored
     on purpose: labels must be right-padded so that the shifted decoder inputs stay aligned.
     """
@@ -244,5 +246,5 @@ class Seq2SeqCollator:
 
 
 def seq2seq_collator(tokenizer: PreTrainedTokenizerBase, pad_to_multiple_of: int | None = None) -> Seq2SeqCollator:
-    """A collator for ``preprocess_seq2seq`` rows: right padding, labels padded with -100."""
+    """A collator for ``preprocess_seq2seq`` rows: right padding, labels padded with IGNORE_INDEX."""
     return Seq2SeqCollator(_required_id(tokenizer, "pad"), pad_to_multiple_of)

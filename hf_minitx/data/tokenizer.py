@@ -10,6 +10,7 @@ Special tokens have fixed ids, so model configs can rely on them:
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Literal
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from ..folders import check_output_folder, write_folder, write_marker
 
 PAD_TOKEN = "<pad>"
 BOS_TOKEN = "<bos>"
@@ -143,6 +146,12 @@ class TokenizerArguments:
     model_max_length: int = field(default=1024, metadata={"help": "saved model_max_length"})
     seed: int = field(default=42, metadata={"help": "seed of the validation carve-out and sampling"})
     streaming: bool = field(default=False, metadata={"help": "stream the corpus (use with --max_texts)"})
+    overwrite: bool = field(default=False, metadata={"help": "replace a non-empty --output_dir (refused otherwise)"})
+
+
+def _save_marked(tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
+    tokenizer.save_pretrained(folder)
+    write_marker(folder, command="train-tokenizer", run_id=uuid.uuid4().hex[:12])
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
@@ -153,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     (args,) = parse_arguments([TokenizerArguments], argv, prog="minitx train-tokenizer", description=(
         "Train hf_minitx's byte-level BPE on a corpus and save it as a stock transformers tokenizer folder "
         "(loads with AutoTokenizer.from_pretrained, no custom code)."))
+    output_dir = check_output_folder(args.output_dir, flag="--overwrite", overwrite=args.overwrite)
     task = args.task or corpus_task(args.dataset) or (
         "seq2seq" if args.source_column or args.target_column else "causal-lm"
     )
@@ -167,8 +177,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
         args.vocab_size, min_frequency=args.min_frequency, model_max_length=args.model_max_length,
         add_eos_token=task == "seq2seq",  # seq2seq sources end with EOS, as training encodes them
     )
-    output_dir = Path(args.output_dir)
-    tokenizer.save_pretrained(output_dir)
+    write_folder(output_dir, lambda folder: _save_marked(tokenizer, folder))
     print(f"trained a {len(tokenizer)}-token BPE on {args.dataset} ({task}) in "
           f"{time.perf_counter() - start:.1f}s; saved to {output_dir}")
     return output_dir
