@@ -22,6 +22,15 @@ from typing import Any
 
 USER_ERRORS = (ValueError, OSError, ImportError, KeyError)  # OSError: files, and the Hub (HubError)
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+
+
+class Interrupted(Exception):
+    """A command stopped on a signal after saving what it could; ``exit_code`` is 128 + the signal number."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclass(frozen=True)
@@ -85,9 +94,16 @@ def _fail(message: str) -> int:
 
 
 def run_cli(main: Callable[..., Any], *args: Any) -> int:
-    """Call `main(*args)`; errors in what the user asked for print `error: ...` and return 2."""
+    """Call `main(*args)`; errors in what the user asked for print `error: ...` and return 2; an interruption
+    prints one line and returns 130 (SIGINT) or 143 (SIGTERM)."""
     try:
         result = main(*args)
+    except Interrupted as stop:
+        print(str(stop), file=sys.stderr)
+        return stop.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except USER_ERRORS as error:
         if os.environ.get("HF_MINITX_TRACEBACK"):
             raise

@@ -1,7 +1,8 @@
 """Load a saved model folder on the best device and generate from it: the one loader every command uses.
 
 `load_model_folder` picks the Auto class the config asks for (`AutoModelForSeq2SeqLM` for encoder-decoders,
-else `AutoModelForCausalLM`); `generate` turns prompts into strings for either kind.
+else `AutoModelForCausalLM`); `generate` turns prompts into strings for either kind (`generate_texts` is its
+batched encoder-decoder path, also used to score translations during training).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from .data.tokenizer import checked_texts
 from .device import pick_device, pick_dtype
-from .training.evaluation import generate_texts
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 WEIGHTS_FILE = "model.safetensors"
@@ -127,55 +128,106 @@ def check_generation_arguments(kwargs: dict[str, Any]) -> None:
         raise ValueError(f"max_new_tokens must be >= 1, got {kwargs['max_new_tokens']}")
 
 
+def room_for_new_tokens(model: PreTrainedModel, used: int) -> int | None:
+    """How many new tokens fit after `used` decoder positions (None: rotary positions have no table)."""
+    config = model.config
+    return None if config.position_embedding_type == "rope" else config.max_position_embeddings - used
+
+
 def check_fits_positions(model: PreTrainedModel, used: int, max_new_tokens: int | None) -> None:
     """Refuse a generation that would run past the model's positions; say how many new tokens fit.
 
     `used` is the positions the decoder starts with: the (padded) prompt for a decoder-only model, the
     start token for an encoder-decoder. Rotary positions have no table, so they have no limit here.
     """
-    config = model.config
-    limit = config.max_position_embeddings
     new = max_new_tokens or model.generation_config.max_new_tokens or 0
-    if config.position_embedding_type == "rope" or used + new <= limit:
+    fit = room_for_new_tokens(model, used)
+    if fit is None or new <= fit:
         return
-    fit = limit - used
+    config, limit = model.config, model.config.max_position_embeddings
     raise ValueError(f"max_new_tokens={new} does not fit: the model has {limit} positions ({config.position_embedding_type}) "
                      f"and the prompt takes {used}, so at most {max(fit, 0)} new tokens fit"
                      + ("; shorten the prompt" if fit < 1 else f"; pass --max_new_tokens {fit} or less"))
 
 
 @torch.no_grad()
+def generate_texts(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    sources: Sequence[str],
+    *,
+    batch_size: int = 64,
+    max_source_length: int | None = None,
+    **generate_kwargs,
+) -> list[str]:
+    """Outputs of an encoder-decoder model for ``sources``, in batches; ``generate_kwargs`` (e.g.
+    max_new_tokens, num_beams, do_sample) go to ``generate()``.
+
+    This is the plain Hugging Face path, ``model.generate(**tokenizer(sources, return_tensors="pt",
+    padding=True))``: the tokenizer encodes sources exactly as training did (its post-processor adds
+    EOS), with its own padding side; ``max_source_length`` truncates like training.
+    """
+    device = next(model.parameters()).device
+    truncation = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
+    outputs: list[str] = []
+    for start in range(0, len(sources), batch_size):
+        chunk = list(sources[start : start + batch_size])
+        encoded = tokenizer(chunk, return_tensors="pt", padding=True, **truncation).to(device)
+        generated = model.generate(**encoded, **generate_kwargs)  # (batch, new tokens)
+        outputs.extend(text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True))
+    return outputs
+
+
+def _continue_prompts(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], **generate_kwargs: Any
+) -> list[str]:
+    """New text of a decoder-only model after each prompt (left-padded batch, prompt tokens removed)."""
+    device = next(model.parameters()).device
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    if encoded["input_ids"].shape[1] == 0:
+        raise ValueError("every prompt is empty; give at least one character of text to continue")
+    check_fits_positions(model, encoded["input_ids"].shape[1], generate_kwargs.get("max_new_tokens"))
+    output = model.generate(**encoded, **generate_kwargs)  # (batch, prompt + new)
+    new_tokens = output[:, encoded["input_ids"].shape[1]:]  # (batch, new)
+    return tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+
+
+@torch.no_grad()
 def generate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
+    prompts: Sequence[str],
     *,
     seed: int | None = None,
     **generate_kwargs: Any,
 ) -> list[str]:
-    """Continuations (decoder-only) or outputs (encoder-decoder) of ``prompts``, one string each.
+    """Continuations (decoder-only) or outputs (encoder-decoder) of ``prompts``, one string each: the one
+    generation helper of the package (the CLI, the demo and training's sample generations call it).
 
     ``generate_kwargs`` go to ``model.generate`` (max_new_tokens, do_sample, temperature, top_k,
     top_p, num_beams); None values are dropped so the model's generation_config decides. Settings out of
-    range, and generations longer than the model's positions, are refused before any work.
+    range, and generations longer than the model's positions, are refused before any work. With ``seed`` the
+    sampling is reproducible and the caller's RNG state is left as it was (training calls this mid-run).
+    The model is in eval mode while generating and comes back in the mode it had.
     """
     if not prompts:
         raise ValueError("give at least one prompt")
     kwargs = {k: v for k, v in generate_kwargs.items() if v is not None}
     check_generation_arguments(kwargs)
-    if seed is not None:
-        torch.manual_seed(seed)
-    if model.config.is_encoder_decoder:
-        check_fits_positions(model, 1, kwargs.get("max_new_tokens"))
-        return generate_texts(model, tokenizer, prompts, batch_size=len(prompts), **kwargs)
+    prompts = list(checked_texts(prompts, "the prompts"))
     device = next(model.parameters()).device
-    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-    if encoded["input_ids"].shape[1] == 0:
-        raise ValueError("every prompt is empty; give at least one character of text to continue")
-    check_fits_positions(model, encoded["input_ids"].shape[1], kwargs.get("max_new_tokens"))
-    output = model.generate(**encoded, **kwargs)  # (batch, prompt + new)
-    new_tokens = output[:, encoded["input_ids"].shape[1]:]  # (batch, new)
-    return tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            if model.config.is_encoder_decoder:
+                check_fits_positions(model, 1, kwargs.get("max_new_tokens"))
+                return generate_texts(model, tokenizer, prompts, batch_size=len(prompts), **kwargs)
+            return _continue_prompts(model, tokenizer, prompts, **kwargs)
+    finally:
+        model.train(was_training)
 
 
 @dataclass

@@ -150,3 +150,9 @@ def test_empty_prompt_is_refused(causal_dir):
     model, tokenizer = load_model_folder(causal_dir, device="cpu")
     with pytest.raises(ValueError, match="prompt is empty"):
         generate(model, tokenizer, [""])
+
+
+def test_prompt_with_a_lone_surrogate_is_named(causal_dir):
+    model, tokenizer = load_model_folder(causal_dir, device="cpu")
+    with pytest.raises(ValueError, match=r"row 1 of the prompts .* at character 3, a lone surrogate"):
+        generate(model, tokenizer, ["the cat", "the\ud800 dog"])

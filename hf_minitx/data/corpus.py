@@ -92,6 +92,8 @@ def load_corpus(
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     if sample_by not in SAMPLE_BY:
         raise ValueError(f"sample_by must be one of {SAMPLE_BY}, got {sample_by!r}")
+    if isinstance(validation_split, float) and validation_split >= 1 and validation_split.is_integer():
+        validation_split = int(validation_split)  # `--validation_split 20` on the command line: 20 rows
     _check_validation_split(validation_split, streaming)
     raw = _pick_splits(_load_raw(dataset, dataset_config, streaming, num_examples, seed, sample_by), dataset)
     splits = {}
@@ -475,9 +477,22 @@ def _every_kth(_row: dict, index: int, every: int, keep: bool) -> bool:
 
 
 def _check_not_empty(split: AnyDataset, dataset: str, name: str) -> None:
+    """A split with no rows, or (in memory) whose text is only whitespace, is refused."""
     empty = len(split) == 0 if isinstance(split, Dataset) else next(iter(split.take(1)), None) is None
     if empty:
         raise ValueError(f"split {name!r} of dataset {dataset!r} is empty: there is nothing to train or evaluate on")
+    columns = [c for c in ("text", "source", "target") if c in (split.column_names or [])]
+    if isinstance(split, Dataset) and columns and not _has_text(split, columns):
+        raise ValueError(f"split {name!r} of dataset {dataset!r} has no text: its {len(split)} rows are empty or "
+                         "whitespace only; check the file (and --text_column) or pass another --dataset")
+
+
+def _has_text(split: Dataset, columns: list[str]) -> bool:
+    """Whether any row holds a non-whitespace character (stops at the first that does)."""
+    for batch in split.select_columns(columns).iter(batch_size=1000):
+        if any(text and not text.isspace() for column in columns for text in batch[column]):
+            return True
+    return False
 
 
 # --- columns ------------------------------------------------------------------------------------

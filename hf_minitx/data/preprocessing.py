@@ -33,7 +33,7 @@ from datasets.fingerprint import Hasher
 from datasets.utils.tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from ..models.configuration_minitx import IGNORE_INDEX
+from ..models.modeling_minitx import IGNORE_INDEX
 
 PREPROCESSING_VERSION = "3"  # bump when the output of a function here changes
 LABEL_PAD_ID = IGNORE_INDEX
@@ -248,8 +248,10 @@ def _pack_split(split: Dataset, name: str, tokenizer: PreTrainedTokenizerBase, b
             count, tokens = _pack_to_file(ids, Path(tmp) / "blocks.arrow", name, block_size, dtype, pack)
             del ids
             if count == 0:
-                raise ValueError(f"split {name!r} has {tokens} tokens, fewer than block_size={block_size}: no block was "
-                                 "made. Lower block_size, use more data, or pass drop_remainder=False.")
+                raise ValueError(
+                    f"split {name!r} has {tokens} tokens in {len(split)} rows, fewer than block_size={block_size}: no "
+                    "block was made. Lower --block_size or use more data (if the file should hold more rows, check "
+                    "how it parsed, e.g. its quoting).")
             os.replace(Path(tmp) / "blocks.arrow", path)
     blocks = Dataset.from_file(str(path))
     blocks._fingerprint = key
@@ -383,7 +385,7 @@ def preprocess_seq2seq(
 class Seq2SeqCollator:
     """Pad a list of seq2seq rows into tensors, always on the right.
 
-    ``input_ids`` are padded with the pad id, ``attention_mask`` with 0 and ``labels`` with -100
+    ``input_ids`` are padded with the pad id, ``attention_mask`` with 0 and ``labels`` with IGNORE_INDEX
     (ignored by the loss). The tokenizer's own ``padding_side`` ("left", for generation) is ignored
     on purpose: labels must be right-padded so that the shifted decoder inputs stay aligned.
     """
@@ -413,5 +415,5 @@ class Seq2SeqCollator:
 
 
 def seq2seq_collator(tokenizer: PreTrainedTokenizerBase, pad_to_multiple_of: int | None = None) -> Seq2SeqCollator:
-    """A collator for ``preprocess_seq2seq`` rows: right padding, labels padded with -100."""
+    """A collator for ``preprocess_seq2seq`` rows: right padding, labels padded with IGNORE_INDEX."""
     return Seq2SeqCollator(_required_id(tokenizer, "pad"), pad_to_multiple_of)

@@ -10,13 +10,16 @@ Special tokens have fixed ids, so model configs can rely on them:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from ..folders import check_output_folder, write_folder, write_marker
 
 PAD_TOKEN = "<pad>"
 BOS_TOKEN = "<bos>"
@@ -73,7 +76,7 @@ def train_bpe_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=show_progress,
     )
-    backend.train_from_iterator(iter(texts), trainer=trainer)
+    backend.train_from_iterator(checked_texts(texts, "the texts"), trainer=trainer)  # names a bad text
     for token, expected in zip(SPECIAL_TOKENS, range(len(SPECIAL_TOKENS)), strict=True):
         if backend.token_to_id(token) != expected:  # pragma: no cover - guards a tokenizers change
             raise RuntimeError(f"special token {token} got id {backend.token_to_id(token)}, expected {expected}")
@@ -92,9 +95,31 @@ def train_bpe_tokenizer(
     )
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
 def load_tokenizer(path_or_name: str) -> PreTrainedTokenizerFast:
     """Load a saved tokenizer folder (or a cached Hub id) with ``AutoTokenizer``."""
+    folder = Path(path_or_name)
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"{folder} holds no tokenizer (no tokenizer.json or tokenizer_config.json); pass a "
+                                "folder written by minitx train-tokenizer or tokenizer.save_pretrained, or leave "
+                                "--tokenizer out to train one")
     return AutoTokenizer.from_pretrained(path_or_name)
+
+
+def checked_texts(texts: Iterable[str], what: str = "the corpus") -> Iterator[str]:
+    """Yield `texts`, raising a ValueError that names the first one UTF-8 cannot encode (a lone surrogate
+    such as "\\ud800") and its position; the tokenizer itself would fail without saying where."""
+    for row, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+            yield text
+        except UnicodeEncodeError as error:
+            raise ValueError(
+                f"row {row} of {what} (starting {text[:40]!r}) has {text[error.start]!r} at character {error.start}, "
+                "a lone surrogate that is not valid Unicode text; fix the data (e.g. decode the file with "
+                "errors='replace') or drop that row") from None
 
 
 @dataclass
@@ -121,6 +146,12 @@ class TokenizerArguments:
     model_max_length: int = field(default=1024, metadata={"help": "saved model_max_length"})
     seed: int = field(default=42, metadata={"help": "seed of the validation carve-out and sampling"})
     streaming: bool = field(default=False, metadata={"help": "stream the corpus (use with --max_texts)"})
+    overwrite: bool = field(default=False, metadata={"help": "replace a non-empty --output_dir (refused otherwise)"})
+
+
+def _save_marked(tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
+    tokenizer.save_pretrained(folder)
+    write_marker(folder, command="train-tokenizer", run_id=uuid.uuid4().hex[:12])
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
@@ -131,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     (args,) = parse_arguments([TokenizerArguments], argv, prog="minitx train-tokenizer", description=(
         "Train hf_minitx's byte-level BPE on a corpus and save it as a stock transformers tokenizer folder "
         "(loads with AutoTokenizer.from_pretrained, no custom code)."))
+    output_dir = check_output_folder(args.output_dir, flag="--overwrite", overwrite=args.overwrite)
     task = args.task or corpus_task(args.dataset) or (
         "seq2seq" if args.source_column or args.target_column else "causal-lm"
     )
@@ -145,8 +177,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
         args.vocab_size, min_frequency=args.min_frequency, model_max_length=args.model_max_length,
         add_eos_token=task == "seq2seq",  # seq2seq sources end with EOS, as training encodes them
     )
-    output_dir = Path(args.output_dir)
-    tokenizer.save_pretrained(output_dir)
+    write_folder(output_dir, lambda folder: _save_marked(tokenizer, folder))
     print(f"trained a {len(tokenizer)}-token BPE on {args.dataset} ({task}) in "
           f"{time.perf_counter() - start:.1f}s; saved to {output_dir}")
     return output_dir

@@ -16,6 +16,7 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import eval_results_to_model_index, model_index_to_eval_results
 
+from ..folders import write_file
 from .folder import AUTO_CLASSES, ModelFolderError, count_parameters, read_safetensors_header
 
 TEMPLATE_NAME = "model_card.md"
@@ -313,12 +314,10 @@ def render_model_card(
 
 
 def write_model_card(model_dir: str | Path, **kwargs) -> Path:
-    """Render the card (see `render_model_card`) and write it as `model_dir/README.md`; returns the path."""
+    """Render the card (see `render_model_card`) and write it as `model_dir/README.md` (atomically); returns the path."""
     text = render_model_card(model_dir, **kwargs)
     check_model_card(text)
-    path = Path(model_dir) / CARD_FILE
-    path.write_text(text, encoding="utf-8")
-    return path
+    return write_file(Path(model_dir) / CARD_FILE, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def check_model_card(text: str) -> ModelCard:

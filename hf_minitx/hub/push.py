@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..folders import check_output_folder, write_folder
 from .card import check_model_card, render_model_card, write_model_card
 from .folder import ModelFolderError, ModelFolderInfo, verify_model_folder
 
@@ -75,6 +76,19 @@ def resolve_token(token: str | None = None) -> str:
     return found
 
 
+def check_upload_ready(repo_id: str, token: str | None = None) -> str:
+    """Everything an upload needs that can be checked without the network: the repo id, a token, and that
+    offline mode is off. Returns the token. `minitx train --push_to_hub` calls it before training."""
+    from huggingface_hub import constants
+
+    check_repo_id(repo_id)
+    token = resolve_token(token)
+    if constants.is_offline_mode():
+        raise HubError("HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set, so nothing can be uploaded; unset it "
+                       "and run again, or use --dry_run STAGING_DIR to check the folder offline.")
+    return token
+
+
 def files_to_upload(info: ModelFolderInfo) -> list[str]:
     """Relative names of the files shared from a checked model folder (the card is written separately)."""
     names = ["config.json", *info.weight_files, *info.code_files, *info.tokenizer_files]
@@ -102,17 +116,19 @@ def stage_for_upload(
     info = verify_model_folder(model_dir, kind)
     load_model_folder(info.path, device="cpu", dtype="float32")  # weights that do not fit the config are refused
     staging = Path(staging_dir)
-    if staging.exists() and (not staging.is_dir() or any(staging.iterdir())):
-        raise ValueError(f"staging folder {staging} already exists and is not empty; pass a new or empty folder.")
     if staging.resolve() == info.path.resolve():
         raise ValueError("the staging folder must differ from the model folder.")
-    staging.mkdir(parents=True, exist_ok=True)
+    check_output_folder(staging, flag=None, overwrite=False, option="staging folder")
+    return write_folder(staging, lambda folder: _stage(info, folder, repo_id=repo_id, license=license))
+
+
+def _stage(info: ModelFolderInfo, staging: Path, *, repo_id: str | None, license: str) -> None:
+    """The files to upload and a fresh model card, copied into the (empty) folder ``staging``."""
     for name in files_to_upload(info):
         shutil.copy2(info.path / name, staging / name)
     text = render_model_card(staging, repo_id=repo_id, license=license)
     check_model_card(text)
     (staging / CARD_FILE).write_text(text, encoding="utf-8")
-    return staging
 
 
 def _default_prompt(folder: Path) -> str:
@@ -189,14 +205,10 @@ def push_to_hub(
     The repo is created if missing (`private` applies then), `revision` names a branch (created if
     missing), and the staged folder is sent with one `upload_folder` commit.
     """
-    from huggingface_hub import HfApi, constants
+    from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
-    check_repo_id(repo_id)
-    token = resolve_token(token)
-    if constants.is_offline_mode():
-        raise HubError("HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set, so nothing can be uploaded; unset it "
-                       "and run again, or use --dry_run STAGING_DIR to check the folder offline.")
+    token = check_upload_ready(repo_id, token)
     with tempfile.TemporaryDirectory(prefix="minitx-upload-") as workdir:
         staging = stage_for_upload(model_dir, Path(workdir) / "stage", repo_id=repo_id)  # checks the folder
         api = HfApi(token=token)

@@ -6,6 +6,7 @@ They import only torch, transformers and each other (`from .x import y`), so a s
 
 from .configuration_minitx import MiniTxConfig
 from .modeling_minitx import (
+           IGNORE_INDEX,
            MiniTxForCausalLM,
            MiniTxForConditionalGeneration,
            MiniTxModel,
@@ -14,5 +15,5 @@ from .modeling_minitx import (
 
 MODEL_FILES = ("configuration_minitx", "attention_minitx", "positions_minitx", "layers_minitx", "modeling_minitx")
 
-__all__ = ["MODEL_FILES", "MiniTxConfig", "MiniTxPreTrainedModel", "MiniTxModel", "MiniTxForCausalLM",
+__all__ = ["IGNORE_INDEX", "MODEL_FILES", "MiniTxConfig", "MiniTxPreTrainedModel", "MiniTxModel", "MiniTxForCausalLM",
            "MiniTxForConditionalGeneration"]

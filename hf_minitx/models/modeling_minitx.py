@@ -423,7 +423,7 @@ class MiniTxLMHeadMixin:
 
         logits (batch, seq, vocab); targets (batch, seq) are the inputs themselves (`aligned=False`: shifted
         inside by padding the labels, so the logits are never copied) or already aligned with the logits
-        (`shift_labels`, seq2seq labels). `name` is the argument named in errors. -100 marks ignored positions. With no labelled position at all the loss is 0 and a warning is
+        (`shift_labels`, seq2seq labels). `name` is the argument named in errors. IGNORE_INDEX marks ignored positions. With no labelled position at all the loss is 0 and a warning is
         logged (a plain mean would be NaN), matching what transformers' Trainer gets for such a micro-batch.
         """
         any_labelled = check_labels(targets, logits.shape[:-1], name, self.config.vocab_size, aligned=aligned)
@@ -441,7 +441,7 @@ def check_labels(
 ) -> bool | None:
     """Raise ValueError for labels that do not fit the logits; return whether any position is labelled.
 
-    labels (batch, seq) must match the logits' `positions` (batch, seq) and hold ids in [0, vocab_size) or -100. Labels
+    labels (batch, seq) must match the logits' `positions` (batch, seq) and hold ids in [0, vocab_size) or IGNORE_INDEX. Labels
     not yet aligned lose their first position to the shift. One host sync; skipped (None) under torch.compile.
     """
     if torch.compiler.is_compiling():
@@ -464,15 +464,21 @@ def check_labels(
     return used
 
 
-def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """Mean cross-entropy over labelled positions; label -100 (padding) is ignored.
+def token_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0, reduction: str = "mean"
+) -> torch.Tensor:
+    """Cross-entropy of labelled positions; labels equal to IGNORE_INDEX (padding) are left out.
 
     logits (batch, seq, vocab) and labels (batch, seq) are already aligned (logits[t] predicts labels[t]).
+    ``reduction``: "mean" over labelled tokens (a scalar), "sum" (a scalar), or "none" (batch, seq) with 0
+    at ignored positions. The package's one cross-entropy: the heads and the trainer both call it.
     """
     flat_logits = logits.float().reshape(-1, logits.size(-1))  # (batch * seq, vocab)
-    return nn.functional.cross_entropy(
-        flat_logits, labels.reshape(-1), ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing  # (batch * seq,)
+    losses = nn.functional.cross_entropy(
+        flat_logits, labels.reshape(-1), ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing,  # (batch * seq,)
+        reduction=reduction,
     )
+    return losses.reshape(labels.shape) if reduction == "none" else losses  # (batch, seq) or scalar
 
 
 class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixin):
@@ -506,7 +512,7 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
         """(batch, seq) ids -> logits (batch, seq, vocab); with `labels` (batch, seq), the shifted LM loss.
 
         Labels are the input ids themselves (the shift happens here); or pass `shift_labels` (batch, seq), the
-        targets already aligned with each position, which are used as they are. -100 marks positions to ignore.
+        targets already aligned with each position, which are used as they are. IGNORE_INDEX marks positions to ignore.
         Extra keyword arguments (e.g. Trainer's `num_items_in_batch`) go to the loss function.
         `return_dict=False` (or `config.return_dict=False`) returns `output.to_tuple()`.
         """
@@ -535,7 +541,7 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
 def shift_tokens_right(labels: torch.LongTensor, decoder_start_token_id: int, pad_token_id: int) -> torch.LongTensor:
     """Teacher forcing: decoder inputs are the labels moved one step right, starting with the start token.
 
-    (batch, seq) -> (batch, seq); ignored labels (-100) become padding.
+    (batch, seq) -> (batch, seq); ignored labels (IGNORE_INDEX) become padding.
     """
     shifted = labels.new_full(labels.shape, decoder_start_token_id)
     shifted[:, 1:] = labels[:, :-1]
@@ -582,7 +588,7 @@ class MiniTxForConditionalGeneration(MiniTxLMHeadMixin, MiniTxPreTrainedModel, G
         """Source (batch, src) + decoder ids (batch, tgt) -> logits (batch, tgt, vocab).
 
         With `labels` (batch, tgt) and no decoder ids, the decoder input is `labels` shifted right; the loss is
-        the cross-entropy of each label (-100 ignored): labels are already aligned with the logits.
+        the cross-entropy of each label (IGNORE_INDEX ignored): labels are already aligned with the logits.
         `return_dict=False` (or `config.return_dict=False`) returns `output.to_tuple()`.
         """
         if "shift_labels" in kwargs:

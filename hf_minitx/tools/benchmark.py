@@ -29,10 +29,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from ..folders import WRITTEN_BY, check_output_file, write_file
 from .data_prep_bench import format_data_prep, run_data_prep
 
 # Workload name -> (reference implementation, implementations) in the order they are built.
@@ -564,6 +566,8 @@ class BenchmarkArguments:
     no_data_prep: bool = field(default=False, metadata={
         "help": "skip the data-preparation section (hf_minitx vs run_clm-style map + group_texts)"})
     json: str | None = field(default=None, metadata={"help": "write every figure and the machine description here"})
+    overwrite: bool = field(default=False, metadata={
+        "help": "replace an existing --json file that minitx did not write (its own are replaced anyway)"})
 
 
 def _expand_files(spec: str | None) -> list[str] | None:
@@ -594,6 +598,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     base = QUICK_SHAPE if args.quick else BenchmarkShape()
     shape = replace(base, **{f: getattr(args, f) for f in asdict(base) if getattr(args, f) is not None})
     shape.check()
+    if args.json:  # before minutes of measuring, not after
+        check_output_file(args.json, overwrite=args.overwrite, option="--json", is_ours=_written_by_us)
     rounds = args.rounds or (3 if args.quick else 5)
     result = run_benchmark(shape, rounds=rounds, repeats=args.repeats, warmup=args.warmup, threads=args.threads,
                            device=args.device, workloads=tuple(args.workloads), memory=not args.no_memory,
@@ -607,9 +613,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if "data_preparation" in result:
         print("\n" + format_data_prep(result["data_preparation"]))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        result["written_by"] = WRITTEN_BY
+        write_file(Path(args.json), lambda tmp: tmp.write_text(json.dumps(result, indent=2)))
     return result
+
+
+def _written_by_us(path: Path) -> bool:
+    """Whether ``path`` is a benchmark JSON this command wrote (so it may be replaced without --overwrite)."""
+    try:
+        return json.loads(path.read_text()).get("written_by") == WRITTEN_BY
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 __all__ = ["BenchmarkShape", "QUICK_SHAPE", "WORKLOADS", "build", "run_benchmark", "run_workload", "summarize",

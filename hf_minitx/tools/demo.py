@@ -86,29 +86,22 @@ def train_both(kjv_dir: Path, numbers_dir: Path, tokenizer_dir: Path) -> dict[st
 
 
 def generate_with_both(kjv_dir: Path, numbers_dir: Path) -> dict[str, list]:
-    """Reload the saved folders with AutoModelForCausalLM / AutoModelForSeq2SeqLM and generate."""
+    """Reload the saved folders (AutoModelForCausalLM / AutoModelForSeq2SeqLM, through the package's one
+    loader) and generate with the package's one generation helper."""
     import torch
     from num2words import num2words
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
-    import hf_minitx  # noqa: F401  (registers model_type "minitx" with the Auto classes)
-
-    from ..training.evaluation import generate_texts
+    from ..inference import generate, load_model_folder
 
     torch.set_num_threads(min(2, os.cpu_count() or 1))
-    lm = AutoModelForCausalLM.from_pretrained(kjv_dir).eval()
-    lm_tokenizer = AutoTokenizer.from_pretrained(kjv_dir)
-    torch.manual_seed(0)
-    continuations = []
-    for prompt in KJV_PROMPTS:
-        ids = lm_tokenizer(prompt, return_tensors="pt")
-        out = lm.generate(**ids, max_new_tokens=60)  # sampling settings come from generation_config.json
-        continuations.append((prompt, lm_tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)))
+    lm, lm_tokenizer = load_model_folder(kjv_dir, device="cpu")
+    # sampling settings come from generation_config.json
+    texts = generate(lm, lm_tokenizer, list(KJV_PROMPTS), seed=0, max_new_tokens=60)
+    continuations = list(zip(KJV_PROMPTS, texts, strict=True))
 
-    translator = AutoModelForSeq2SeqLM.from_pretrained(numbers_dir).eval()
-    mt_tokenizer = AutoTokenizer.from_pretrained(numbers_dir)
+    translator, mt_tokenizer = load_model_folder(numbers_dir, device="cpu")
     sources = [num2words(n, lang="en") for n in NUMBERS]
-    outputs = generate_texts(translator, mt_tokenizer, sources, do_sample=False, max_new_tokens=48)
+    outputs = generate(translator, mt_tokenizer, sources, do_sample=False, max_new_tokens=48)
     translations = [(s, o, num2words(n, lang="fr")) for s, o, n in zip(sources, outputs, NUMBERS, strict=True)]
     return {"kjv": continuations, "numbers": translations}
 

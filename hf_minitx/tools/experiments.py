@@ -5,24 +5,30 @@
 - Post-LN (the paper) against pre-LN on the same data and seed, drawn side by side.
 - Label smoothing and the paper's inverse-square-root warmup schedule, both selectable.
 
-Runs write `metrics.jsonl` in the training format (so `plot_training` draws them), `training_summary.json`
-and the model (`save_pretrained`), so `plot_attention` can show its cross-attention.
+Runs go through the training loop of `minitx train` (`hf_minitx.training.loop.fit`) with an in-memory
+dataset of token ids, so they write the same `metrics.jsonl` and `training_summary.json` (and
+`loss_curve.png`), and the model (`save_pretrained`), so `plot_attention` can show its cross-attention.
 """
 
 from __future__ import annotations
 
-import json
-import time
+import signal
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
 from transformers import get_scheduler
 
+from ..cli import Interrupted
+from ..folders import check_output_folder, replace_folder
 from ..models.configuration_minitx import MiniTxConfig
-from ..models.modeling_minitx import MiniTxForConditionalGeneration, token_cross_entropy
-from ..training.outputs import METRICS_FILE, append_metrics
+from ..models.modeling_minitx import IGNORE_INDEX, MiniTxForConditionalGeneration
+from ..training.evaluation import evaluate_loss
+from ..training.loop import LoopSettings, RunState, TrainingRun, finish, fit, run_summary
+from ..training.loss import Objective
 
 TASKS = ("copy", "reverse")
 SCHEDULES = ("inverse_sqrt", "constant_with_warmup", "cosine", "linear")  # names as in `minitx train --lr_scheduler_type`
@@ -57,6 +63,7 @@ class ExperimentConfig:
     stop_at_exact_match: float | None = field(default=100.0, metadata={"help": "stop when validation exact match (percent) reaches this (none: run all steps)"})
     seed: int = field(default=0, metadata={"help": "seed of the data and the weights"})
     output_dir: str | None = field(default=None, metadata={"help": "folder for metrics.jsonl, the model and training_summary.json"})
+    overwrite: bool = field(default=False, metadata={"help": "replace a non-empty --output_dir (refused otherwise)"})
 
 
     def __post_init__(self) -> None:
@@ -98,13 +105,13 @@ def make_batch(config: ExperimentConfig, batch_size: int, generator: torch.Gener
     """Random sequences and their targets, padded on the right.
 
     Returns input_ids and attention_mask (batch, max_length + 1) — tokens then EOS then padding — and
-    labels (batch, max_length + 1): the copied or reversed tokens, EOS, then -100.
+    labels (batch, max_length + 1): the copied or reversed tokens, EOS, then IGNORE_INDEX.
     """
     width = config.max_length + 1
     lengths = torch.randint(config.min_length, config.max_length + 1, (batch_size,), generator=generator)
     tokens = torch.randint(FIRST_TOKEN, config.vocab_size, (batch_size, config.max_length), generator=generator)
     input_ids = torch.zeros(batch_size, width, dtype=torch.long)
-    labels = torch.full((batch_size, width), -100, dtype=torch.long)
+    labels = torch.full((batch_size, width), IGNORE_INDEX, dtype=torch.long)
     for row, n in enumerate(lengths.tolist()):
         seq = tokens[row, :n]
         input_ids[row, :n] = seq
@@ -126,94 +133,103 @@ def make_scheduler(config: ExperimentConfig, optimizer: torch.optim.Optimizer) -
 # --- evaluation ----------------------------------------------------------------------------------
 
 
-@torch.no_grad()
-def evaluate(model: MiniTxForConditionalGeneration, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Teacher-forced loss and greedy-decoding exact match (the whole output, EOS included, must be right)."""
-    model.eval()
-    loss = model(**batch).loss.item()
-    width = batch["labels"].size(1)
-    generated = model.generate(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=width,
-        do_sample=False, num_beams=1,
-    )[:, 1:]  # drop the decoder start token -> (batch, <= width)
-    generated = torch.nn.functional.pad(generated, (0, width - generated.size(1)), value=0)
-    known = batch["labels"] != -100
-    correct = ((generated == batch["labels"]) | ~known).all(dim=1)
-    model.train()
-    return {"eval_loss": loss, "eval_exact_match": 100.0 * correct.float().mean().item()}  # percent
+@dataclass
+class ToyTaskEvaluation:
+    """Teacher-forced loss and greedy-decoding exact match on held-out sequences: the whole output, EOS
+    included, must be right. Token ids in, token ids out: no tokenizer is involved."""
+
+    batch: dict[str, torch.Tensor]  # input_ids, attention_mask, labels: (examples, max_length + 1)
+
+    def __call__(self, model: torch.nn.Module, accelerator: Accelerator) -> tuple[dict[str, float], list[dict]]:
+        batch = {key: value.to(accelerator.device) for key, value in self.batch.items()}
+        metrics = evaluate_loss(model, [dict(batch)], accelerator, shift=False, inputs=SEQ2SEQ.model_inputs)
+        unwrapped = accelerator.unwrap_model(model).eval()
+        width = batch["labels"].size(1)
+        with torch.no_grad():
+            generated = unwrapped.generate(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=width,
+                do_sample=False, num_beams=1,
+            )[:, 1:]  # drop the decoder start token -> (examples, <= width)
+        generated = torch.nn.functional.pad(generated, (0, width - generated.size(1)), value=0)  # (examples, width)
+        known = batch["labels"] != IGNORE_INDEX
+        correct = ((generated == batch["labels"]) | ~known).all(dim=1)
+        return {**metrics, "eval_exact_match": 100.0 * correct.float().mean().item()}, []  # percent
 
 
-# --- training ------------------------------------------------------------------------------------
+SEQ2SEQ = Objective(shift=False)
 
 
-def run_experiment(config: ExperimentConfig) -> dict:
-    """Train one toy model; returns the summary (also written to output_dir with metrics and the model).
+# --- training: the package's one loop --------------------------------------------------------------
 
-    Summary keys: task, steps, train_seconds, final_metrics {eval_loss, eval_exact_match},
-    seconds_to_exact_match (None if the target was never reached), seed, config.
-    """
-    out = Path(config.output_dir) if config.output_dir else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / METRICS_FILE).write_text("")
+
+class TokenRows(torch.utils.data.Dataset):
+    """An in-memory dataset of equal-length token-id rows: {name: (rows, width)} tensors, one dict per row."""
+
+    def __init__(self, columns: dict[str, torch.Tensor]) -> None:
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {name: column[index] for name, column in self.columns.items()}
+
+
+def training_rows(config: ExperimentConfig) -> TokenRows:
+    """`steps` batches of fresh sequences drawn one batch after the other from one seeded generator; read
+    in order, step i trains on batch i."""
+    generator = torch.Generator().manual_seed(config.seed)
+    batches = [make_batch(config, config.batch_size, generator) for _ in range(config.steps)]
+    return TokenRows({name: torch.cat([b[name] for b in batches]) for name in batches[0]})  # (steps * batch, width)
+
+
+def build_run(config: ExperimentConfig, output_dir: Path | None) -> TrainingRun:
+    """The experiment as a TrainingRun over an in-memory dataset of token ids (see `training_rows`)."""
+    accelerator = Accelerator(cpu=True)
     torch.manual_seed(config.seed)
     model = MiniTxForConditionalGeneration(config.model_config())
     model.generation_config.max_length = None
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.98), eps=1e-9,
                                   weight_decay=0.0)
     scheduler = make_scheduler(config, optimizer)
-    train_gen = torch.Generator().manual_seed(config.seed)
+    loader = DataLoader(training_rows(config), batch_size=config.batch_size, shuffle=False)
     eval_batch = make_batch(config, config.eval_examples, torch.Generator().manual_seed(config.seed + 1))
+    model, optimizer = accelerator.prepare(model, optimizer)
+    target = config.stop_at_exact_match
+    settings = LoopSettings(
+        total_steps=config.steps, batches_per_epoch=len(loader), logging_steps=config.log_every,
+        eval_steps=config.eval_every, max_grad_norm=config.max_grad_norm, show_progress=False,
+        stop_when=("eval_exact_match", target) if target is not None else None,
+    )
+    return TrainingRun(accelerator, model, optimizer, scheduler, iter(loader),
+                       Objective(shift=False, label_smoothing=config.label_smoothing), ToyTaskEvaluation(eval_batch),
+                       settings, output_dir)
 
-    def log(record: dict) -> None:
-        if out is not None:
-            append_metrics(out, record)
 
-    model.train()
-    start = time.perf_counter()
-    tokens_seen, window_tokens, window_start = 0, 0, start
-    metrics, reached, step = {}, None, 0
-    for step in range(1, config.steps + 1):
-        lr = scheduler.get_last_lr()[0]
-        batch = make_batch(config, config.batch_size, train_gen)
-        decoder_input_ids = model.prepare_decoder_input_ids_from_labels(batch["labels"])
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       decoder_input_ids=decoder_input_ids).logits  # (batch, tgt, vocab)
-        loss = token_cross_entropy(logits, batch["labels"], config.label_smoothing)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if config.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        n_tokens = int(batch["attention_mask"].sum() + (batch["labels"] != -100).sum())
-        tokens_seen += n_tokens
-        window_tokens += n_tokens
-        if step % config.log_every == 0:
-            now = time.perf_counter()
-            log({"type": "train", "step": step, "epoch": 0.0, "loss": loss.item(), "learning_rate": lr,
-                 "tokens_per_second": window_tokens / max(now - window_start, 1e-9), "tokens_seen": tokens_seen,
-                 "elapsed_seconds": now - start})
-            window_tokens, window_start = 0, now
-        if step % config.eval_every == 0 or step == config.steps:
-            metrics = evaluate(model, eval_batch)
-            log({"type": "eval", "step": step, **metrics})
-            if (reached is None and config.stop_at_exact_match is not None
-                    and metrics["eval_exact_match"] >= config.stop_at_exact_match):
-                reached = time.perf_counter() - start
-                break
-    train_seconds = time.perf_counter() - start
+def run_experiment(config: ExperimentConfig) -> dict:
+    """Train one toy model with the training loop; returns the summary (also written to output_dir with
+    metrics.jsonl, the loss curve and the model).
+
+    Summary keys: those of `minitx train`'s training_summary.json, plus seconds_to_exact_match (None if the
+    target was never reached) and experiment (the config); "model" holds the trained model.
+    """
+    out = Path(config.output_dir) if config.output_dir else None
+    if out is not None:
+        check_output_folder(out, flag="--overwrite", overwrite=config.overwrite)
+    run, state = build_run(config, out), RunState()
+    if out is not None:
+        replace_folder(out, command="experiment")  # every check passed: only now is anything removed
+    outcome = fit(run, state)
+    if outcome.interrupted_by is not None:
+        raise Interrupted(f"experiment stopped by {signal.Signals(outcome.interrupted_by).name} after step "
+                          f"{state.step}; toy runs are short, so nothing was saved: run it again", 128 + outcome.interrupted_by)
     summary = {
         "task": "seq2seq", "dataset": f"toy:{config.task}", "dataset_config": None, "hub_dataset": False,
-        "steps": step, "tokens_seen": tokens_seen, "train_seconds": train_seconds, "hardware": "cpu",
-        "mixed_precision": "no", "num_processes": 1, "final_metrics": metrics, "sample_generations": [],
-        "preset": f"experiment-{config.task}", "seed": config.seed,
-        "seconds_to_exact_match": reached, "experiment": asdict(config),
+        **run_summary(run, state, outcome), "preset": f"experiment-{config.task}", "seed": config.seed,
+        "seconds_to_exact_match": outcome.target_seconds, "experiment": asdict(config),
     }
-    if out is not None:
-        model.save_pretrained(out)
-        (out / "training_summary.json").write_text(json.dumps(summary, indent=2))
-    summary["model"] = model
+    finish(run, None, summary, max_new_tokens=config.max_length + 1, card=False)
+    summary["model"] = run.accelerator.unwrap_model(run.model)
     return summary
 
 
@@ -225,11 +241,12 @@ def compare(config: ExperimentConfig, field: str, values: list, output_dir: str 
     """
     from .visualize import plot_training
 
-    if field not in ExperimentConfig.__dataclass_fields__ or field in ("output_dir", "seed"):
+    if field not in ExperimentConfig.__dataclass_fields__ or field in ("output_dir", "seed", "overwrite"):
         raise ValueError(f"Cannot compare on {field!r}; pick an ExperimentConfig field such as norm_position.")
     if len(values) < 2:
         raise ValueError(f"Give at least two values of {field} to compare, got {values}.")
-    root = Path(output_dir)
+    root = check_output_folder(output_dir, flag="--overwrite", overwrite=config.overwrite)
+    replace_folder(root, command="experiment")
     runs = {f"{field}={v}": replace(config, **{field: v}, output_dir=str(root / f"{field}-{v}")) for v in values}
     summaries = {label: run_experiment(run) for label, run in runs.items()}
     plot_training({label: run.output_dir for label, run in runs.items()}, out or root / "comparison.png",
@@ -323,4 +340,5 @@ def main(argv: Sequence[str] | None = None) -> dict:
     return summaries
 
 
-__all__ = ["ExperimentConfig", "PRESETS", "make_batch", "make_scheduler", "evaluate", "run_experiment", "compare"]
+__all__ = ["ExperimentConfig", "PRESETS", "make_batch", "make_scheduler", "ToyTaskEvaluation", "run_experiment",
+           "compare"]

@@ -22,8 +22,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from PIL import Image  # noqa: E402  (installed with matplotlib)
+from PIL import Image, PngImagePlugin  # noqa: E402  (installed with matplotlib)
 
+from ..folders import WRITTEN_BY, check_output_file, write_file  # noqa: E402
 from ..inference import load_model_folder  # noqa: E402
 from ..models.attention_minitx import causal_mask, padding_mask, self_attention_mask  # noqa: E402
 from ..models.positions_minitx import rope_inverse_frequencies, sinusoidal_table  # noqa: E402
@@ -526,15 +527,31 @@ def _check_out(out: PathLike) -> None:
 
 
 def _save(fig: Any, out: PathLike) -> Path:
+    """Write the PNG atomically (a temporary sibling renamed into place), tagged as ours (PNG "Software")."""
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
+    write_file(path, lambda tmp: _write_png(fig, tmp))
     plt.close(fig)
+    return path
+
+
+def _write_png(fig: Any, path: Path) -> None:
+    fig.savefig(path, dpi=DPI, format="png", metadata={"Software": WRITTEN_BY})
     if path.stat().st_size > MAX_PNG_BYTES:  # busy pictures: a 256-colour palette keeps them commit-friendly
         with Image.open(path) as image:
             small = image.convert("RGB").quantize(colors=256)
-        small.save(path, optimize=True)
-    return path
+        info = PngImagePlugin.PngInfo()
+        info.add_text("Software", WRITTEN_BY)
+        small.save(path, format="png", optimize=True, pnginfo=info)
+
+
+def written_by_us(path: Path) -> bool:
+    """Whether the PNG at ``path`` carries our tag (so `minitx visualize` may replace it without --overwrite)."""
+    try:
+        with Image.open(path) as image:
+            return image.info.get("Software") == WRITTEN_BY
+    except OSError:
+        return False
 
 
 # --- the `minitx visualize` command ---------------------------------------------------------------
@@ -590,6 +607,14 @@ class ParamsPlotArguments:
     out: str = field(metadata={"help": "PNG file to write"})
 
 
+@dataclass
+class OutputFileArguments:
+    """What may be replaced."""
+
+    overwrite: bool = field(default=False, metadata={
+        "help": "replace an existing --out file that minitx did not write (its own PNGs are replaced anyway)"})
+
+
 PICTURES = {"attention": AttentionPlotArguments, "positions": PositionsPlotArguments,
             "training": TrainingPlotArguments, "masks": MasksPlotArguments, "params": ParamsPlotArguments}
 ATTENTION_KINDS = ("self", "encoder", "decoder", "cross")
@@ -625,10 +650,11 @@ def main(argv: Sequence[str] | None = None) -> Path:
         return Path()
     if argv[0] not in PICTURES:
         raise ValueError(f"unknown picture {argv[0]!r}; choose one of: {', '.join(PICTURES)}")
-    (args,) = parse_arguments([PICTURES[argv[0]]], argv[1:], prog=f"minitx visualize {argv[0]}",
-                              description=PICTURES[argv[0]].__doc__)
+    args, output = parse_arguments([PICTURES[argv[0]], OutputFileArguments], argv[1:],
+                                   prog=f"minitx visualize {argv[0]}", description=PICTURES[argv[0]].__doc__)
     if not args.out.lower().endswith(".png"):
         raise ValueError(f"--out must name a .png file, got {args.out}")
+    check_output_file(args.out, overwrite=output.overwrite, option="--out", is_ours=written_by_us)
     draw(args)
     print(f"wrote {args.out}")
     return Path(args.out)

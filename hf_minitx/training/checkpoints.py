@@ -1,33 +1,53 @@
-"""Checkpoint folders (``checkpoint-STEP/``): finding, validating and rotating them, and guarding an
-output folder that already holds a run."""
+"""Checkpoint folders (``checkpoint-STEP/``): finding, validating (every file read before any work, a damaged
+one named) and rotating them."""
 
 from __future__ import annotations
 
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors import safe_open
+
+from ..folders import read_marker
+
 CHECKPOINT_PREFIX = "checkpoint-"
 RUN_STATE_FILE = "run_state.json"
-RUN_MARKERS = ("metrics.jsonl", "training_summary.json", "model.safetensors")
+MODEL_FILES = ("model.safetensors", "pytorch_model.bin")
+OPTIMIZER_FILE = "optimizer.bin"
+_FIX = ("delete that checkpoint folder and resume from an older one (--resume_from_checkpoint PATH), "
+        "or start again with --overwrite_output_dir")
 _CHECKPOINT_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
     """``checkpoint-STEP`` folders of ``output_dir`` holding a run state, oldest (lowest step) first."""
+    return [p for p in _numbered_checkpoints(output_dir) if (p / RUN_STATE_FILE).is_file()]
+
+
+def _numbered_checkpoints(output_dir: str | Path) -> list[Path]:
     root = Path(output_dir)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT_NAME.match(p.name))]
-    return [p for _, p in sorted(found) if (p / RUN_STATE_FILE).is_file()]
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT_NAME.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
 
 
 def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
-    """``latest`` (the newest checkpoint in ``output_dir``) or a checkpoint folder path."""
+    """``latest`` (the newest complete checkpoint in ``output_dir``) or a checkpoint folder path.
+
+    Checkpoints are renamed into place once complete, so a ``checkpoint-STEP`` without its run state is
+    left over from an older, interrupted save: ``latest`` skips it and says so.
+    """
     if spec == "latest":
-        checkpoints = list_checkpoints(output_dir)
+        numbered, checkpoints = _numbered_checkpoints(output_dir), list_checkpoints(output_dir)
+        newer = numbered[numbered.index(checkpoints[-1]) + 1:] if checkpoints else numbered
+        for skipped in newer:
+            print(f"skipping incomplete checkpoint {skipped} (no {RUN_STATE_FILE})", file=sys.stderr)
         if not checkpoints:
             raise FileNotFoundError(
                 f"--resume_from_checkpoint latest: {output_dir} holds no checkpoint-STEP folder; "
@@ -44,13 +64,51 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
 
 
 def read_run_state(checkpoint: Path) -> dict[str, Any]:
-    """The training position and settings stored with a checkpoint."""
-    return json.loads((checkpoint / RUN_STATE_FILE).read_text())
+    """The training position and settings stored with a checkpoint; a damaged file is named."""
+    path = checkpoint / RUN_STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path} cannot be read ({type(error).__name__}: {error}); {_FIX.format(checkpoint)}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise ValueError(f"{path} is not a run state (a JSON object with a step); {_FIX.format(checkpoint)}")
+    return state
 
 
 def write_run_state(checkpoint: Path, state: dict[str, Any]) -> None:
     """Store the training position and settings next to the accelerator state."""
     (checkpoint / RUN_STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
+
+
+def check_checkpoint_files(checkpoint: Path) -> None:
+    """Read every file ``accelerator.load_state`` will read, so that a damaged one is named before any work."""
+    if not any((checkpoint / name).is_file() for name in MODEL_FILES) or not (checkpoint / OPTIMIZER_FILE).is_file():
+        raise ValueError(f"checkpoint {checkpoint} is incomplete (it needs {MODEL_FILES[0]} or {MODEL_FILES[1]} "
+                         f"and {OPTIMIZER_FILE}); {_FIX.format(checkpoint)}")
+    for path in sorted(checkpoint.iterdir()):
+        try:
+            if path.suffix == ".safetensors":
+                with safe_open(str(path), framework="pt") as handle:
+                    for key in handle.keys():
+                        handle.get_slice(key)
+            elif path.suffix in (".bin", ".pkl", ".pt"):
+                torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as error:  # noqa: BLE001  torch, pickle and safetensors each raise their own kinds
+            detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise ValueError(f"{path} cannot be read ({detail}); {_FIX.format(checkpoint)}") from None
+
+
+def check_same_run(output_dir: Path, checkpoint: Path, state: dict[str, Any]) -> None:
+    """A run resumes in its own folder: the checkpoint must lie in ``output_dir`` and carry its run id."""
+    if checkpoint.resolve().parent != output_dir.resolve():
+        raise ValueError(
+            f"checkpoint {checkpoint} belongs to the run in {checkpoint.parent}, not to --output_dir {output_dir}; "
+            f"resume it there (--output_dir {checkpoint.parent} --resume_from_checkpoint latest)"
+        )
+    marker = read_marker(output_dir)
+    if marker and state.get("run_id") and marker.get("run_id") != state["run_id"]:
+        raise ValueError(f"checkpoint {checkpoint} was made by run {state['run_id']}, but {output_dir} belongs to "
+                         f"run {marker.get('run_id')}; resume a checkpoint of this folder's own run")
 
 
 def check_compatible(checkpoint: Path, stored: dict[str, Any], expected: dict[str, Any]) -> None:
@@ -79,30 +137,3 @@ def rotate_checkpoints(output_dir: str | Path, keep: int) -> list[Path]:
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
-
-
-def check_output_dir(output_dir: str | Path, *, overwrite: bool, resuming: bool) -> None:
-    """Refuse an output folder that holds another run, unless overwriting or resuming."""
-    root = Path(output_dir)
-    if root.exists() and not root.is_dir():
-        raise NotADirectoryError(f"--output_dir {root} is a file; give a folder path")
-    if overwrite or resuming or not root.is_dir():
-        return
-    markers = [name for name in RUN_MARKERS if (root / name).exists()]
-    markers += [p.name for p in root.glob(f"{CHECKPOINT_PREFIX}*")]
-    if markers:
-        raise FileExistsError(
-            f"--output_dir {root} already holds a run ({', '.join(sorted(markers)[:4])}). Pass "
-            "--overwrite_output_dir to replace it, --resume_from_checkpoint latest to continue it, "
-            "or choose another --output_dir."
-        )
-
-
-def clear_previous_run(output_dir: str | Path) -> None:
-    """With --overwrite_output_dir: remove the previous run's checkpoints and metrics (nothing else)."""
-    root = Path(output_dir)
-    for path in root.glob(f"{CHECKPOINT_PREFIX}*"):
-        if path.is_dir():
-            shutil.rmtree(path)
-    for name in RUN_MARKERS:
-        (root / name).unlink(missing_ok=True)

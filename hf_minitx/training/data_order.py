@@ -1,4 +1,4 @@
-"""A step-indexed data order: the rows of micro-batch ``j`` depend only on (seed, j), so a resumed run
+"""A step-indexed data order (and the collator of equal-length rows): the rows of micro-batch ``j`` depend only on (seed, j), so a resumed run
 continues at exactly the same data position, and ``N`` processes see the same global batches as one."""
 
 from __future__ import annotations
@@ -56,3 +56,8 @@ class StepIndexedBatchSampler(Sampler[list[int]]):
             rows = order[position * self.global_batch_size : (position + 1) * self.global_batch_size]
             yield rows[lo : lo + self.batch_size].tolist()
             index += 1
+
+
+def stack_rows(rows: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+    """Collate rows of equal length (packed causal-LM blocks, toy-task sequences) into (batch, seq) tensors."""
+    return {key: torch.tensor([row[key] for row in rows], dtype=torch.long) for key in rows[0]}

@@ -1,18 +1,23 @@
 """Validation metrics: loss, perplexity and bits per byte (causal LM); exact match and sacreBLEU from
-``generate()`` (seq2seq). Every function works under ``accelerate launch``: each process evaluates its
-shard and the totals are gathered, so the figures do not depend on the number of processes."""
+``generate()`` (seq2seq); ``TextEvaluation`` bundles them for the training loop. Every function works under
+``accelerate launch``: each process evaluates its shard and the totals are gathered, so the figures do not
+depend on the number of processes."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .loss import per_sequence_cross_entropy
+from ..inference import generate, generate_texts, room_for_new_tokens
+from ..models.modeling_minitx import IGNORE_INDEX
+from .loss import Objective, sequence_cross_entropy
 
 COVERAGE_KEYS = ("eval_tokens", "eval_bytes")  # what the figures cover, not metrics themselves
 
@@ -25,7 +30,7 @@ def text_bytes(texts: Iterable[str]) -> int:
 def predicted_bytes(labels: Iterable[Sequence[int]], tokenizer: PreTrainedTokenizerBase) -> int:
     """UTF-8 bytes of the text the predicted labels (all but each row's first) of causal blocks encode,
     decoded as one stream so characters split across blocks count once; special tokens count zero."""
-    ids = [i for row in labels for i in row[1:] if i != -100]
+    ids = [i for row in labels for i in row[1:] if i != IGNORE_INDEX]
     return text_bytes([tokenizer.decode(ids, skip_special_tokens=True)])
 
 
@@ -51,7 +56,7 @@ def evaluate_loss(
     for batch in dataloader:
         call = inputs(batch) if inputs else {k: v for k, v in batch.items() if k != "labels"}
         logits = model(**call).logits  # (batch, seq, vocab)
-        nats, counts = per_sequence_cross_entropy(logits, batch["labels"], shift=shift)  # (batch,) each
+        nats, counts = sequence_cross_entropy(logits, batch["labels"], shift=shift)  # (batch,) each
         rows = torch.stack([nats.double(), counts.double()], dim=1)  # (batch, 2)
         totals += accelerator.gather_for_metrics(rows).sum(dim=0)
     model.train(was_training)
@@ -64,34 +69,6 @@ def evaluate_loss(
         metrics["eval_bits_per_byte"] = nats / (math.log(2) * num_bytes)
         metrics["eval_bytes"] = int(num_bytes)
     return metrics
-
-
-@torch.no_grad()
-def generate_texts(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    sources: Sequence[str],
-    *,
-    batch_size: int = 64,
-    max_source_length: int | None = None,
-    **generate_kwargs,
-) -> list[str]:
-    """Outputs of an encoder-decoder model for ``sources``, in batches; ``generate_kwargs`` (e.g.
-    max_new_tokens, num_beams, do_sample) go to ``generate()``.
-
-    This is the plain Hugging Face path, ``model.generate(**tokenizer(sources, return_tensors="pt",
-    padding=True))``: the tokenizer encodes sources exactly as training did (its post-processor adds
-    EOS), with its own padding side; ``max_source_length`` truncates like training.
-    """
-    device = next(model.parameters()).device
-    truncation = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
-    outputs: list[str] = []
-    for start in range(0, len(sources), batch_size):
-        chunk = list(sources[start : start + batch_size])
-        encoded = tokenizer(chunk, return_tensors="pt", padding=True, **truncation).to(device)
-        generated = model.generate(**encoded, **generate_kwargs)  # (batch, new tokens)
-        outputs.extend(text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True))
-    return outputs
 
 
 def exact_match(predictions: Sequence[str], references: Sequence[str]) -> float:
@@ -131,3 +108,57 @@ def evaluate_generation(
         "eval_bleu": corpus_bleu(ordered, references),
     }
     return metrics, ordered
+
+
+@dataclass
+class TextEvaluation:
+    """What `minitx train` measures at each evaluation, on every process together.
+
+    The validation loss (with perplexity and, for causal LM, bits per byte); for seq2seq also exact match
+    and BLEU of generated outputs. It returns a few generations for a human to read: the first scored
+    translations, or sampled continuations of ``prompts`` (decoder-only).
+    """
+
+    loader: Iterable[dict]  # the prepared validation dataloader
+    objective: Objective
+    tokenizer: PreTrainedTokenizerBase
+    prompts: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)  # seq2seq: translated and scored against references
+    references: list[str] = field(default_factory=list)
+    generation: dict[str, Any] = field(default_factory=dict)  # generate_texts settings of the scored outputs
+    num_samples: int = 2
+    seed: int = 0
+    num_bytes: int | None = None  # causal LM: UTF-8 bytes of the validation text the loss covers
+    whole_split: bool = True  # False when --max_eval_samples took a subset
+    coverage: dict[str, Any] = field(default_factory=dict)  # what the last figures covered (for the summary)
+
+    def __call__(self, model: torch.nn.Module, accelerator: Accelerator) -> tuple[dict[str, float], list[dict]]:
+        """(metrics, samples) of the prepared ``model``; samples are [{"prompt", "output"(, "reference")}]."""
+        metrics = evaluate_loss(model, self.loader, accelerator, shift=self.objective.shift,
+                                inputs=self.objective.model_inputs, num_bytes=self.num_bytes)
+        self.coverage = self.record_coverage(metrics)
+        unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False).eval()  # no dropout while generating
+        if self.sources:
+            scored, predictions = evaluate_generation(unwrapped, self.tokenizer, self.sources, self.references,
+                                                      accelerator, **self.generation)
+            metrics.update(scored)
+            n = self.num_samples
+            return metrics, [{"prompt": s, "output": p, "reference": r} for s, p, r in
+                             zip(self.sources[:n], predictions[:n], self.references[:n], strict=True)]
+        if not (self.prompts and accelerator.is_main_process):
+            return metrics, []
+        style = {"do_sample": True, "top_k": 40, "temperature": 0.8} if self.objective.shift else {"do_sample": False}
+        longest = max(len(ids) for ids in self.tokenizer(self.prompts, add_special_tokens=False)["input_ids"])
+        room = room_for_new_tokens(unwrapped, longest)  # stay inside a learned or sinusoidal position table
+        new_tokens = 48 if room is None else max(1, min(48, room))
+        outputs = generate(unwrapped, self.tokenizer, self.prompts, seed=self.seed, max_new_tokens=new_tokens, **style)
+        return metrics, [{"prompt": p, "output": o.strip()} for p, o in zip(self.prompts, outputs, strict=True)]
+
+    def record_coverage(self, metrics: dict[str, float]) -> dict[str, Any]:
+        """Move the coverage counts out of ``metrics``: rows, scored tokens and text bytes of the split."""
+        counts = {key.removeprefix("eval_"): metrics.pop(key) for key in COVERAGE_KEYS if key in metrics}
+        coverage = {"split": "validation", "rows": len(getattr(self.loader, "dataset", ())), **counts,
+                    "whole_split": self.whole_split}
+        if self.sources:
+            coverage["generation_pairs"] = len(self.sources)
+        return coverage

@@ -1,12 +1,21 @@
-"""Token-level cross-entropy sums, so that a loss can be normalised by the real token count of a whole
-accumulation window (across micro-batches and processes) instead of averaging per micro-batch means."""
+"""What the trainer optimises and reports: token cross-entropy sums, so that a loss can be normalised by
+the real token count of a whole accumulation window (across micro-batches and processes) instead of
+averaging per micro-batch means.
+
+The cross-entropy itself is the model's (``token_cross_entropy`` in ``models/modeling_minitx.py``, the one
+place it is written, as Hub custom code may import nothing outside ``models/``); ``Objective`` only says
+how a task lines labels up with logits and what the model is called with.
+"""
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from dataclasses import dataclass
 
-IGNORE_INDEX = -100
+import torch
+
+from ..models.modeling_minitx import IGNORE_INDEX, token_cross_entropy
+
+TASKS = ("causal-lm", "seq2seq")
 
 
 def align_labels(logits: torch.Tensor, labels: torch.Tensor, shift: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -21,31 +30,59 @@ def align_labels(logits: torch.Tensor, labels: torch.Tensor, shift: bool) -> tup
 
 
 def count_label_tokens(labels: torch.Tensor, shift: bool) -> torch.Tensor:
-    """Number of labelled (not -100) positions the loss is computed over; labels (batch, seq) -> scalar."""
+    """Number of labelled (not IGNORE_INDEX) positions the loss is computed over; labels (batch, seq) -> scalar."""
     if shift:
         labels = labels[:, 1:]
     return (labels != IGNORE_INDEX).sum()
 
 
-def per_sequence_cross_entropy(
+def sequence_cross_entropy(
     logits: torch.Tensor, labels: torch.Tensor, *, shift: bool, label_smoothing: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed cross-entropy (nats) and labelled-token count of each row: two (batch,) tensors."""
+    """Summed cross-entropy (nats) and labelled-token count of each row: two (batch,) tensors.
+
+    The trainer sums the rows of a micro-batch; evaluation gathers them across processes.
+    """
     logits, labels = align_labels(logits, labels, shift)
-    batch, length = labels.shape
-    losses = nn.functional.cross_entropy(
-        logits.float().reshape(batch * length, -1), labels.reshape(-1),  # (batch * seq, vocab)
-        ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing, reduction="none",
-    ).reshape(batch, length)  # (batch, seq)
+    losses = token_cross_entropy(logits, labels, label_smoothing, reduction="none")  # (batch, seq)
     return losses.sum(dim=1), (labels != IGNORE_INDEX).sum(dim=1)
 
 
-def summed_cross_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, *, shift: bool, label_smoothing: float = 0.0
-) -> torch.Tensor:
-    """Sum over every labelled position of the (optionally label-smoothed) cross-entropy: a scalar."""
-    logits, labels = align_labels(logits, labels, shift)
-    return nn.functional.cross_entropy(
-        logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1),  # (batch * seq, vocab)
-        ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing, reduction="sum",
-    )
+@dataclass(frozen=True)
+class Objective:
+    """How a task is scored, decided once from ``--task``.
+
+    ``shift``: causal LM predicts the next token (labels are the inputs); seq2seq labels are the targets,
+    already aligned with the decoder's positions.
+    """
+
+    shift: bool
+    label_smoothing: float = 0.0
+
+    @classmethod
+    def for_task(cls, task: str, label_smoothing: float = 0.0) -> Objective:
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+        return cls(shift=task == "causal-lm", label_smoothing=label_smoothing)
+
+    def model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What the model is called with: the whole batch for seq2seq (the model builds its decoder inputs
+        from the labels), the batch without labels for causal LM (the loss is computed here, not twice)."""
+        return {key: value for key, value in batch.items() if key != "labels" or not self.shift}
+
+    def label_tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Positions the loss is computed over in one batch: a scalar tensor."""
+        return count_label_tokens(batch["labels"], self.shift)
+
+    def input_tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Real tokens the model read: labelled causal positions, or source + target tokens for seq2seq."""
+        labelled = (batch["labels"] != IGNORE_INDEX).sum()
+        return labelled if self.shift else batch["attention_mask"].sum() + labelled
+
+    def summed_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Sum of the (optionally label-smoothed) cross-entropy over the batch's labelled positions: a scalar.
+
+        logits (batch, seq, vocab), labels (batch, seq).
+        """
+        nats, _ = sequence_cross_entropy(logits, labels, shift=self.shift, label_smoothing=self.label_smoothing)
+        return nats.sum()

@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 
 from hf_minitx.training.arguments import parse_training_args
 from hf_minitx.training.checkpoints import write_run_state
-from hf_minitx.training.loop import NonFiniteLossError, main, resolve_model_settings, run_identity
+from hf_minitx.training.loop import NonFiniteLossError, main
+from hf_minitx.training.prepare import resolve_model_settings, run_identity
 
 REPO = Path(__file__).resolve().parents[2]
 WORDS = ("the quick brown fox jumps over a lazy dog while seven small birds sing about rivers, hills and "
@@ -238,17 +239,17 @@ def test_two_processes_match_one_process_at_the_same_global_batch(text_file, tmp
 
 @pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(text_file, tmp_path, monkeypatch):
-    import hf_minitx.training.loop as train_module
+    import hf_minitx.training.loss as loss_module
 
-    real = train_module.summed_cross_entropy
+    real = loss_module.sequence_cross_entropy  # the trainer's loss (evaluation imports its own reference)
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
         calls["n"] += 1
-        loss = real(*args, **kwargs)
-        return loss * float("nan") if calls["n"] == 5 else loss
+        nats, counts = real(*args, **kwargs)
+        return (nats * float("nan"), counts) if calls["n"] == 5 else (nats, counts)
 
-    monkeypatch.setattr(train_module, "summed_cross_entropy", poisoned)
+    monkeypatch.setattr(loss_module, "sequence_cross_entropy", poisoned)
     out = tmp_path / "nan"
     with pytest.raises(NonFiniteLossError, match="step 5.*checkpoint-4"):
         main(causal_args(text_file, out, "--max_steps", "8", "--checkpointing_steps", "2",

@@ -16,9 +16,9 @@ from hf_minitx.training.arguments import available_presets, load_preset, parse_c
 from hf_minitx.training.checkpoints import list_checkpoints, rotate_checkpoints, write_run_state
 from hf_minitx.training.data_order import StepIndexedBatchSampler
 from hf_minitx.training.evaluation import exact_match
-from hf_minitx.training.loop import parameter_groups
-from hf_minitx.training.loss import count_label_tokens, per_sequence_cross_entropy, summed_cross_entropy
+from hf_minitx.training.loss import Objective, count_label_tokens, sequence_cross_entropy
 from hf_minitx.training.outputs import append_metrics, truncate_metrics
+from hf_minitx.training.prepare import parameter_groups
 
 
 def _take(sampler, n):
@@ -57,8 +57,9 @@ def test_summed_loss_is_the_mean_loss_times_the_token_count():
     for shift in (True, False):
         count = count_label_tokens(labels, shift)
         mean = token_cross_entropy(*((logits[:, :-1], labels[:, 1:]) if shift else (logits, labels)))
-        assert summed_cross_entropy(logits, labels, shift=shift) == pytest.approx(mean.item() * count.item(), rel=1e-5)
-        rows, counts = per_sequence_cross_entropy(logits, labels, shift=shift)
+        summed = Objective(shift=shift).summed_loss(logits, labels)
+        assert summed == pytest.approx(mean.item() * count.item(), rel=1e-5)
+        rows, counts = sequence_cross_entropy(logits, labels, shift=shift)
         assert rows.sum().item() == pytest.approx(mean.item() * count.item(), rel=1e-5)
         assert counts.tolist() == ([3, 6, 6] if shift else [4, 7, 7])
 
@@ -67,8 +68,8 @@ def test_label_smoothing_raises_the_loss_of_confident_predictions():
     logits = torch.full((1, 4, 5), -10.0)
     labels = torch.tensor([[0, 1, 2, 3]])
     logits[0, torch.arange(4), labels[0]] = 10.0
-    plain = summed_cross_entropy(logits, labels, shift=False)
-    smooth = summed_cross_entropy(logits, labels, shift=False, label_smoothing=0.1)
+    plain = Objective(shift=False).summed_loss(logits, labels)
+    smooth = Objective(shift=False, label_smoothing=0.1).summed_loss(logits, labels)
     assert smooth > plain + 1.0
 
 

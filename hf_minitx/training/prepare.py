@@ -1,0 +1,394 @@
+"""What `minitx train` checks and builds before the first step: the checked arguments (a ``RunPlan``),
+the Accelerator, the tokenizer, the model-ready data, the model and its optimizer.
+
+Everything here runs once per run; the loop itself (``loop.py``) never looks back at the arguments.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from datasets import DatasetDict
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from ..data.corpus import (
+    corpus_task,
+    iter_training_texts,
+    load_corpus,
+    preprocess_seq2seq,
+    seq2seq_collator,
+    tokenize_and_pack,
+)
+from ..data.preprocessing import block_collator
+from ..data.tokenizer import load_tokenizer, train_bpe_tokenizer
+from ..device import pick_device
+from ..folders import (
+    PARTIAL_SUFFIX,
+    check_output_folder,
+    move_files_into,
+    read_marker,
+    replace_folder,
+    write_marker,
+)
+from ..models import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration
+from .arguments import (
+    DataArguments,
+    ModelArguments,
+    TrainArguments,
+    load_preset,
+    parse_config_overrides,
+    validation_split_value,
+)
+from .checkpoints import (
+    check_checkpoint_files,
+    check_compatible,
+    check_same_run,
+    read_run_state,
+    resolve_checkpoint,
+)
+from .evaluation import predicted_bytes, text_bytes
+from .loss import Objective
+from .stream_data import check_streaming_arguments, prepare_streaming_data
+
+TRACKERS = ("tensorboard", "trackio", "wandb")
+TOKENIZER_IDS = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
+@dataclass
+class RunPlan:
+    """The checked arguments of one run and what is derived from them, each computed once."""
+
+    model_args: ModelArguments
+    data_args: DataArguments
+    train_args: TrainArguments
+    settings: dict[str, Any]  # preset + overrides: what a checkpoint must share with the run resuming it
+    config: MiniTxConfig  # built (and checked) once; build_model adds the tokenizer's ids
+    objective: Objective
+    output_dir: Path
+    trackers: list[str]
+    checkpoint: Path | None = None
+    resume_state: dict[str, Any] | None = None  # run_state.json of the checkpoint, read once
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint must share with the run that resumes it."""
+        return run_identity(self.settings, self.data_args)
+
+
+# --- checks done before any work ------------------------------------------------------------------
+
+
+def resolve_model_settings(model_args: ModelArguments, data_args: DataArguments) -> dict[str, Any]:
+    """MiniTxConfig fields from the preset and the overrides; ``is_encoder_decoder`` follows the task."""
+    settings = load_preset(model_args.preset)
+    settings.update(parse_config_overrides(model_args.config_overrides))
+    wants_seq2seq = data_args.task == "seq2seq"
+    if "is_encoder_decoder" in settings and bool(settings["is_encoder_decoder"]) != wants_seq2seq:
+        kind = "an encoder-decoder" if settings["is_encoder_decoder"] else "a decoder-only"
+        raise ValueError(
+            f"preset {model_args.preset!r} describes {kind} model but --task is {data_args.task!r}; "
+            f"use --task {'seq2seq' if settings['is_encoder_decoder'] else 'causal-lm'} or another preset"
+        )
+    settings["is_encoder_decoder"] = wants_seq2seq
+    for key in TOKENIZER_IDS:
+        settings.pop(key, None)  # these come from the tokenizer
+    return settings
+
+
+def build_config(settings: dict[str, Any], preset: str) -> MiniTxConfig:
+    """The run's one MiniTxConfig; a bad field is a ValueError naming the preset."""
+    try:
+        return MiniTxConfig(**settings)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"invalid model settings from preset {preset!r} + overrides: {err}") from err
+
+
+def run_identity(model_settings: dict[str, Any], data_args: DataArguments) -> dict[str, Any]:
+    """What a checkpoint must share with the run that resumes it."""
+    return {
+        "model_settings": model_settings, "task": data_args.task, "dataset": data_args.dataset,
+        "dataset_config": data_args.dataset_config, "block_size": data_args.block_size,
+        "sample_by": data_args.sample_by,
+    }
+
+
+def parse_trackers(report_to: str) -> list[str]:
+    """``--report_to`` as a list of Accelerate tracker names (``none`` is the empty list)."""
+    trackers = [t.strip() for t in report_to.split(",") if t.strip() and t.strip() != "none"]
+    unknown = sorted(set(trackers) - set(TRACKERS))
+    if unknown:
+        raise ValueError(f"--report_to {unknown} is not supported; choose none or from {TRACKERS}")
+    return trackers
+
+
+def check_data_arguments(config: MiniTxConfig, data_args: DataArguments) -> None:
+    """The dataset fits the task, and sequence lengths fit the position table."""
+    builtin_task = corpus_task(data_args.dataset) if data_args.dataset.startswith("builtin:") else None
+    if builtin_task is not None and builtin_task != data_args.task:
+        raise ValueError(
+            f"task/dataset mismatch: {data_args.dataset} is a {builtin_task} corpus but --task is {data_args.task!r}; "
+            f"use --task {builtin_task} or a {data_args.task} dataset"
+        )
+    lengths = {"block_size": data_args.block_size} if data_args.task == "causal-lm" else {
+        "max_source_length": data_args.max_source_length, "max_target_length": data_args.max_target_length}
+    for name, value in lengths.items():
+        if value > config.max_position_embeddings:
+            raise ValueError(
+                f"--{name} {value} is larger than the model's max_position_embeddings ({config.max_position_embeddings}); "
+                f"lower it, or raise the limit with --config_overrides max_position_embeddings={value}"
+            )
+    if data_args.tokenizer and not Path(data_args.tokenizer).is_dir():
+        raise FileNotFoundError(
+            f"--tokenizer {data_args.tokenizer} is not a folder; give a saved tokenizer folder (e.g. tokenizer/) "
+            "or leave it out to train one on the corpus"
+        )
+    if data_args.task == "seq2seq":
+        try:
+            import sacrebleu  # noqa: F401
+        except ImportError as err:
+            raise ImportError("seq2seq evaluation needs sacrebleu: pip install 'hf_minitx[demo]'") from err
+
+
+def check_training_arguments(train_args: TrainArguments) -> None:
+    """Counts are positive, the length of the run is defined, smoothing is a probability."""
+    if not train_args.output_dir:
+        raise ValueError("--output_dir is required: the folder for checkpoints and the final model")
+    positive = {
+        "per_device_train_batch_size": train_args.per_device_train_batch_size,
+        "per_device_eval_batch_size": train_args.per_device_eval_batch_size,
+        "gradient_accumulation_steps": train_args.gradient_accumulation_steps,
+        "logging_steps": train_args.logging_steps,
+    }
+    for name, value in positive.items():
+        if value < 1:
+            raise ValueError(f"--{name} must be >= 1, got {value}")
+    if train_args.max_steps is not None and train_args.max_steps < 1:
+        raise ValueError(f"--max_steps must be >= 1, got {train_args.max_steps}")
+    if train_args.max_steps is None and train_args.num_epochs <= 0:
+        raise ValueError(f"--num_epochs must be > 0 (or give --max_steps), got {train_args.num_epochs}")
+    if not 0.0 <= train_args.label_smoothing < 1.0:
+        raise ValueError(f"--label_smoothing must be in [0, 1), got {train_args.label_smoothing}")
+    if train_args.max_minutes is not None and train_args.max_minutes <= 0:
+        raise ValueError(f"--max_minutes must be > 0 (or left out for no time budget), got {train_args.max_minutes}")
+    if train_args.push_to_hub:
+        if not train_args.hub_model_id:
+            raise ValueError("--push_to_hub needs --hub_model_id USER/NAME")
+        from ..hub.push import check_upload_ready
+
+        check_upload_ready(train_args.hub_model_id)  # repo id, token, online: before any training
+
+
+def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: TrainArguments) -> RunPlan:
+    """Every check that needs no data, in one place; nothing is written. The result drives the whole run.
+
+    The output folder: a new run needs it missing or empty (or --overwrite_output_dir); a resumed run needs a
+    readable checkpoint of this folder's own run.
+    """
+    settings = resolve_model_settings(model_args, data_args)
+    config = build_config(settings, model_args.preset)
+    check_training_arguments(train_args)
+    check_data_arguments(config, data_args)
+    check_streaming_arguments(data_args, train_args)
+    plan = RunPlan(
+        model_args, data_args, train_args, settings, config,
+        objective=Objective.for_task(data_args.task, train_args.label_smoothing),
+        output_dir=Path(train_args.output_dir), trackers=parse_trackers(train_args.report_to),
+    )
+    if train_args.resume_from_checkpoint is None:
+        check_output_folder(plan.output_dir, flag="--overwrite_output_dir (or --resume_from_checkpoint latest to "
+                            "continue a run)", overwrite=train_args.overwrite_output_dir)
+        return plan
+    plan.checkpoint = resolve_checkpoint(train_args.resume_from_checkpoint, plan.output_dir)
+    plan.resume_state = read_run_state(plan.checkpoint)
+    check_compatible(plan.checkpoint, plan.resume_state, plan.identity)
+    check_same_run(plan.output_dir, plan.checkpoint, plan.resume_state)
+    check_checkpoint_files(plan.checkpoint)
+    return plan
+
+
+def check_global_batch(plan: RunPlan, global_batch_size: int) -> None:
+    """A resumed run must read as many rows per step as its checkpoint did, to continue at the same data."""
+    if plan.resume_state is None:
+        return
+    stored = plan.resume_state.get("global_batch_size")
+    if stored != global_batch_size:
+        raise ValueError(
+            f"checkpoint {plan.checkpoint} was trained with a global batch of {stored} rows per step, this run "
+            f"uses {global_batch_size} (batch x processes x accumulation); keep them equal to resume at the exact "
+            "data position"
+        )
+
+
+# --- accelerator ----------------------------------------------------------------------------------
+
+
+def make_accelerator(train_args: TrainArguments, trackers: list[str]) -> Accelerator:
+    """An Accelerator with the requested mixed precision (auto: bf16 on CUDA, none elsewhere)."""
+    precision = train_args.mixed_precision
+    if precision == "auto":
+        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    accelerator = Accelerator(
+        # Without an accelerator device, cpu=True lets a torchrun-style launch (accelerate launch --multi_gpu
+        # --num_processes N) become a multi-CPU (gloo) job instead of N unrelated single-process runs.
+        cpu=pick_device().type == "cpu",
+        mixed_precision=precision,
+        gradient_accumulation_steps=train_args.gradient_accumulation_steps,
+        log_with=trackers or None,
+        project_dir=train_args.output_dir,
+        dynamo_backend="inductor" if train_args.compile else None,
+    )
+    if accelerator.device.type == "cpu":
+        requested = train_args.num_threads
+        torch.set_num_threads(requested or max(1, (os.cpu_count() or 1) // max(1, accelerator.num_processes)))
+    return accelerator
+
+
+# --- data -----------------------------------------------------------------------------------------
+
+
+def load_training_corpus(plan: RunPlan) -> Any:
+    """The ``DatasetDict`` (train, validation) that ``--dataset`` names."""
+    data_args = plan.data_args
+    return load_corpus(
+        data_args.dataset, task=data_args.task, dataset_config=data_args.dataset_config,
+        text_column=data_args.text_column, source_column=data_args.source_column,
+        target_column=data_args.target_column, validation_split=validation_split_value(data_args.validation_split),
+        seed=plan.train_args.seed, num_examples=data_args.num_examples, sample_by=data_args.sample_by,
+        streaming=data_args.streaming,
+    )
+
+
+def tokenizer_staging(plan: RunPlan) -> Path:
+    """Where a freshly trained tokenizer waits (a hidden sibling of output_dir) until the folder is claimed."""
+    return plan.output_dir.with_name(f".{plan.output_dir.name}.tokenizer{PARTIAL_SUFFIX}")
+
+
+def get_tokenizer(plan: RunPlan, corpus: Any, accelerator: Accelerator) -> PreTrainedTokenizerBase:
+    """The given tokenizer folder, the one a resumed run saved, or a byte-level BPE trained on the training
+    split (the main process trains it into ``tokenizer_staging``; ``claim_output_folder`` moves it in)."""
+    data_args, output_dir = plan.data_args, plan.output_dir
+    if data_args.tokenizer:
+        return load_tokenizer(data_args.tokenizer)
+    if plan.checkpoint is not None and (output_dir / "tokenizer.json").is_file():
+        return load_tokenizer(str(output_dir))
+    staging = tokenizer_staging(plan)
+    if accelerator.is_main_process:
+        accelerator.print(f"training a {data_args.tokenizer_vocab_size}-token BPE tokenizer on {data_args.dataset}")
+        tokenizer = train_bpe_tokenizer(
+            iter_training_texts(corpus["train"], max_texts=data_args.tokenizer_max_texts, seed=plan.train_args.seed,
+                                max_chars=data_args.tokenizer_max_chars),
+            data_args.tokenizer_vocab_size, model_max_length=plan.config.max_position_embeddings,
+            add_eos_token=data_args.task == "seq2seq",  # sources end with EOS, in training and in use
+        )
+        shutil.rmtree(staging, ignore_errors=True)
+        tokenizer.save_pretrained(staging)
+    accelerator.wait_for_everyone()
+    return load_tokenizer(str(staging))
+
+
+def claim_output_folder(plan: RunPlan) -> str:
+    """Main process, once every check passed: the only place a run's old folder is replaced. A new run
+    empties (or creates) output_dir and marks it; a resumed run keeps it. Returns the run id."""
+    if plan.checkpoint is None:
+        run_id = replace_folder(plan.output_dir, command="train")
+    else:
+        marker = read_marker(plan.output_dir)
+        run_id = (marker or {}).get("run_id") or plan.resume_state.get("run_id") or uuid.uuid4().hex[:12]
+        if marker is None:
+            write_marker(plan.output_dir, command="train", run_id=run_id)
+    staging = tokenizer_staging(plan)
+    if staging.is_dir():
+        move_files_into(staging, plan.output_dir)
+    return run_id
+
+
+def _first_rows(split: Any, limit: int | None) -> Any:
+    return split if limit is None or limit >= len(split) else split.select(range(limit))
+
+
+def prepare_data(corpus: Any, tokenizer: PreTrainedTokenizerBase, plan: RunPlan) -> dict[str, Any]:
+    """Model-ready train/validation sets, the collator, and the texts that generation is shown or scored on."""
+    data_args, train_args = plan.data_args, plan.train_args
+    if data_args.streaming:
+        data = {**prepare_streaming_data(corpus, tokenizer, data_args), "sources": [], "references": []}
+    elif data_args.task == "causal-lm":
+        collate = block_collator(tokenizer)
+        train = tokenize_and_pack(DatasetDict(train=corpus["train"]), tokenizer, data_args.block_size,
+                                  num_proc=data_args.num_proc)["train"]
+        validation = tokenize_and_pack(DatasetDict(validation=corpus["validation"]), tokenizer, data_args.block_size,
+                                       num_proc=data_args.num_proc, for_evaluation=True)["validation"]
+        if data_args.max_eval_samples is None:  # the whole validation text, as it stands in the corpus
+            num_bytes = text_bytes(t for batch in corpus["validation"].iter(1000) for t in batch["text"])
+        else:  # opt-in subset: the bytes of the tokens it scores
+            validation = _first_rows(validation, data_args.max_eval_samples)
+            num_bytes = predicted_bytes(collate(list(validation))["labels"].tolist(), tokenizer)
+        prompts = [" ".join(text.split()[:6]) for text in corpus["validation"]["text"][:8] if text.strip()]
+        data = {"train": train, "validation": validation, "collate": collate, "prompts": prompts,
+                "sources": [], "references": [], "num_bytes": num_bytes}
+    else:
+        features = preprocess_seq2seq(
+            corpus, tokenizer, max_source_length=data_args.max_source_length,
+            max_target_length=data_args.max_target_length, num_proc=data_args.num_proc,
+        )
+        pairs = _first_rows(corpus["validation"], train_args.generation_eval_samples)
+        data = {"train": features["train"], "validation": _first_rows(features["validation"], data_args.max_eval_samples),
+                "collate": seq2seq_collator(tokenizer), "sources": list(pairs["source"]),
+                "references": list(pairs["target"]), "prompts": list(corpus["validation"]["source"][:8]),
+                "num_bytes": None}
+    if train_args.sample_prompts:
+        data["prompts"] = [p.strip() for p in train_args.sample_prompts.split("|") if p.strip()]
+    data["prompts"] = data["prompts"][: train_args.num_sample_generations]
+    return data
+
+
+def is_hub_dataset(dataset: str) -> bool:
+    """Whether ``--dataset`` names a Hub dataset (not a builtin, not local files)."""
+    if dataset.startswith("builtin:") or any(ch in dataset for ch in "*?,"):
+        return False
+    return not Path(dataset).expanduser().exists()
+
+
+# --- model and optimizer --------------------------------------------------------------------------
+
+
+def build_model(config: MiniTxConfig, tokenizer: PreTrainedTokenizerBase) -> nn.Module:
+    """A fresh MiniTx model whose vocabulary and special ids come from the tokenizer (set on ``config``)."""
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+           "pad_token_id": tokenizer.pad_token_id}
+    missing = [name for name, value in ids.items() if value is None]
+    if missing:
+        raise ValueError(f"the tokenizer lacks {missing}; use a tokenizer with <pad>, <bos> and <eos> tokens")
+    for name, value in {**ids, "vocab_size": len(tokenizer), "decoder_start_token_id": ids["bos_token_id"]}.items():
+        setattr(config, name, value)
+    cls = MiniTxForConditionalGeneration if config.is_encoder_decoder else MiniTxForCausalLM
+    return cls(config)
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: weight decay on matrices, none on biases, norms and embeddings."""
+    decay, no_decay, seen = [], [], set()
+    for module in model.modules():
+        kind = type(module).__name__.lower()
+        exempt = isinstance(module, (nn.Embedding, nn.LayerNorm)) or "embed" in kind or "norm" in kind
+        for param in module.parameters(recurse=False):
+            if id(param) in seen or not param.requires_grad:
+                continue
+            seen.add(id(param))
+            (no_decay if exempt or param.ndim < 2 else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, train_args: TrainArguments) -> torch.optim.Optimizer:
+    """AdamW with the run's betas, epsilon and decoupled weight decay (see ``parameter_groups``)."""
+    return torch.optim.AdamW(
+        parameter_groups(model, train_args.weight_decay), lr=train_args.learning_rate,
+        betas=(train_args.adam_beta1, train_args.adam_beta2), eps=train_args.adam_epsilon,
+    )

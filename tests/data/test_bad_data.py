@@ -1,0 +1,59 @@
+"""Bad corpora and tokenizer folders end in one clear error that names the problem (issue: bad input sweep)."""
+
+import datasets
+import pytest
+
+from hf_minitx.cli import main as minitx
+from hf_minitx.data import load_corpus, tokenize_and_pack, train_bpe_tokenizer
+from hf_minitx.data.tokenizer import load_tokenizer
+
+TEXTS = [f"row {i}: a few words of ordinary text, number {i}." for i in range(80)]
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(monkeypatch, tmp_path_factory):
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.getbasetemp() / "bad_cache"))
+
+
+def test_whitespace_only_corpus_has_no_text(tmp_path, capsys):
+    corpus = tmp_path / "blank.txt"
+    corpus.write_text("   \n\n\t\n   \n" * 50)
+    with pytest.raises(ValueError, match="has no text: its .* rows are empty or whitespace only"):
+        load_corpus(str(corpus))
+    assert minitx(["train-tokenizer", "--dataset", str(corpus), "--output_dir", str(tmp_path / "tok")]) == 2
+    assert "has no text" in capsys.readouterr().err
+    assert not (tmp_path / "tok").exists()
+
+
+def test_integer_validation_split_is_a_row_count(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(f'{{"text": "{t}"}}\n' for t in TEXTS))
+    corpus = load_corpus(str(path), validation_split=20.0)  # what `--validation_split 20` parses to
+    assert len(corpus["validation"]) == 20 and len(corpus["train"]) == len(TEXTS) - 20
+    with pytest.raises(ValueError, match="fraction must be in"):
+        load_corpus(str(path), validation_split=1.5)
+
+
+def test_empty_tokenizer_folder_says_it_holds_no_tokenizer(tmp_path):
+    (tmp_path / "tok").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no tokenizer"):
+        load_tokenizer(str(tmp_path / "tok"))
+
+
+def test_lone_surrogate_is_named_with_its_row_and_position(tmp_path):
+    with pytest.raises(ValueError, match=r"row 5 of the texts .* at character 4, a lone surrogate"):
+        train_bpe_tokenizer([*TEXTS[:5], "bad \ud800 text", *TEXTS[5:]], 300)
+    # in a file, JSON escapes are the only way to write one; the reader names the row
+    path = tmp_path / "surrogate.jsonl"
+    path.write_text('{"text": "good row"}\n{"text": "bad \\ud800 row"}\n')
+    with pytest.raises(ValueError, match="surrogate pair in string is invalid. in row 1"):
+        load_corpus(str(path), validation_split=1)
+
+
+def test_too_few_tokens_counts_the_rows_and_names_real_flags(tmp_path):
+    dd = datasets.DatasetDict(train=datasets.Dataset.from_dict({"text": TEXTS}),
+                              validation=datasets.Dataset.from_dict({"text": ["tiny"] * 3}))
+    tokenizer = train_bpe_tokenizer(TEXTS, 300)
+    with pytest.raises(ValueError, match=r"'validation' has \d+ tokens in 3 rows.*--block_size") as error:
+        tokenize_and_pack(dd, tokenizer, block_size=64)
+    assert "drop_remainder" not in str(error.value)

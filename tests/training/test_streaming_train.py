@@ -1,0 +1,127 @@
+"""Training with --streaming: the --max_steps requirement, kill -9 then resume giving bit-identical weights,
+and two processes reading disjoint parts of the stream."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_minitx.training.loop import main
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+       "TOKENIZERS_PARALLELISM": "false"}
+# Run the training, and SIGKILL the process right after its first checkpoint is complete (kill -9).
+KILL_AFTER_FIRST_CHECKPOINT = """
+import os, signal, sys
+import hf_minitx.training.loop as loop
+original = loop.rotate_checkpoints
+def rotate_then_die(*args, **kwargs):
+    original(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+loop.rotate_checkpoints = rotate_then_die
+loop.main(sys.argv[1:])
+"""
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """Four .txt files of distinct documents made of random words (no two blocks alike)."""
+    rng = random.Random(0)
+    vocabulary = [f"{a}{b}" for a in ("ka", "lo", "mi", "ne", "ru", "ta", "po", "de") for b in ("n", "r", "s", "l", "m")]
+    folder = tmp_path_factory.mktemp("stream_corpus")
+    for part in range(4):
+        lines = [" ".join(rng.choices(vocabulary, k=rng.randint(6, 14))) + "." for _ in range(300)]
+        (folder / f"part{part}.txt").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def stream_args(corpus: Path, output_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--dataset", str(corpus / "*.txt"), "--streaming", "--preset", "tiny",
+        "--config_overrides", "hidden_size=32,intermediate_size=64,max_position_embeddings=64,hidden_dropout=0.1",
+        "--tokenizer_vocab_size", "300", "--block_size", "32", "--output_dir", str(output_dir),
+        "--per_device_train_batch_size", "4", "--learning_rate", "3e-3", "--warmup_steps", "2", "--logging_steps", "1",
+        "--eval_steps", "0", "--max_eval_samples", "8", "--num_sample_generations", "0", "--disable_tqdm",
+        "--num_threads", "1", "--shuffle_buffer", "16", *extra,
+    ]
+
+
+def train_records(output_dir: Path) -> list[dict]:
+    lines = (output_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] == "train"]
+
+
+def test_streaming_without_max_steps_is_one_clear_error(corpus, tmp_path):
+    with pytest.raises(ValueError, match="--streaming needs --max_steps"):
+        main(stream_args(corpus, tmp_path / "run"))
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_run(corpus, tmp_path):
+    extra = ("--max_steps", "6", "--checkpointing_steps", "3", "--gradient_accumulation_steps", "2")
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    train = [sys.executable, "-m", "hf_minitx", "train"]
+    subprocess.run([*train, *stream_args(corpus, straight, *extra)], check=True, env=ENV, cwd=REPO, timeout=300)
+    died = subprocess.run([sys.executable, "-c", KILL_AFTER_FIRST_CHECKPOINT, *stream_args(corpus, killed, *extra)],
+                          env=ENV, cwd=REPO, timeout=300, capture_output=True)
+    assert died.returncode == -signal.SIGKILL, died.stderr.decode()[-2000:]
+    assert (killed / "checkpoint-3" / "stream_state_0.npz").is_file() and not (killed / "model.safetensors").exists()
+    subprocess.run([*train, *stream_args(corpus, killed, *extra, "--resume_from_checkpoint", "latest")],
+                   check=True, env=ENV, cwd=REPO, timeout=300)
+
+    a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert [r["loss"] for r in train_records(straight)] == [r["loss"] for r in train_records(killed)]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_train_on_disjoint_parts_of_the_stream(corpus, tmp_path):
+    from hf_minitx.data import load_corpus, load_tokenizer
+    from hf_minitx.data.streaming import PackedBlockStream, load_stream_state
+
+    out = tmp_path / "two"
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "--main_process_port", str(_free_port())]
+    args = stream_args(corpus, out, "--max_steps", "5", "--checkpointing_steps", "5")
+    subprocess.run([*launch, "-m", "hf_minitx", "train", *args], check=True, env=ENV, cwd=REPO, timeout=300)
+    assert json.loads((out / "training_summary.json").read_text())["num_processes"] == 2
+    assert len(train_records(out)) == 5
+
+    # Rebuild each process's stream and check that the saved positions are exactly after the blocks
+    # that process trained on (5 steps x 4 rows), then that no block was trained on twice.
+    rows = load_corpus(str(corpus / "*.txt"), streaming=True)["train"]
+    tokenizer = load_tokenizer(str(out))
+    trained = []
+    for rank in range(2):
+        saved = load_stream_state(out / "checkpoint-5" / f"stream_state_{rank}.npz")
+        stream = PackedBlockStream(rows, tokenizer, 32, shuffle_buffer=16, seed=42, num_processes=2, process_index=rank)
+        blocks = iter(stream)
+        mine = [tuple(next(blocks).tolist()) for _ in range(saved["blocks_yielded"])]
+        state = stream.state_dict()
+        assert saved["blocks_yielded"] == 20 and saved["epoch"] == state["epoch"] == 0
+        assert saved["rows"] == state["rows"] and saved["rng"] == state["rng"]
+        assert np.array_equal(saved["carry"], state["carry"]) and np.array_equal(saved["buffer"], state["buffer"])
+        trained.append(mine)
+    everything = trained[0] + trained[1]
+    assert len(set(everything)) == len(everything), "a block was trained on twice in the epoch"
