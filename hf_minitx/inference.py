@@ -18,13 +18,13 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
-    AutoTokenizer,
+    GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 from transformers.utils import logging as hf_logging
 
-from .data.tokenizer import checked_texts
+from .data.tokenizer import checked_texts, load_tokenizer
 from .device import pick_device, pick_dtype
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -46,6 +46,19 @@ def read_folder_config(folder: Path) -> dict:
         raise ValueError(f"{folder} is not a MiniTx folder: config.json has model_type {found!r}, not {MODEL_TYPE!r}; "
                          "pass a folder written by minitx train or MiniTx*.save_pretrained")
     return config
+
+
+def check_generation_config(folder: Path) -> None:
+    """A generation_config.json that does not parse is refused (transformers would silently fall back to
+    defaults, and sampling settings would change without a word)."""
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return
+    try:
+        GenerationConfig.from_pretrained(folder)
+    except Exception as error:  # JSON errors and invalid settings alike
+        raise ValueError(f"{path} is damaged ({type(error).__name__}: {str(error).splitlines()[0][:200]}); fix it, "
+                         "or delete it to use the default generation settings") from None
 
 
 def check_loading_info(folder: Path, info: dict) -> None:
@@ -109,7 +122,8 @@ def load_model_folder(
         model, info = auto.from_pretrained(folder, dtype=chosen_dtype, output_loading_info=True,
                                            ignore_mismatched_sizes=True, **extra)
     check_loading_info(folder, info)
-    tokenizer = AutoTokenizer.from_pretrained(folder) if has_tokenizer else None
+    check_generation_config(folder)
+    tokenizer = load_tokenizer(folder) if has_tokenizer else None
     return model.to(chosen_device).eval(), tokenizer
 
 
@@ -184,8 +198,9 @@ def _continue_prompts(
     """New text of a decoder-only model after each prompt (left-padded batch, prompt tokens removed)."""
     device = next(model.parameters()).device
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-    if encoded["input_ids"].shape[1] == 0:
-        raise ValueError("every prompt is empty; give at least one character of text to continue")
+    empty = [i for i, ids in enumerate(encoded["attention_mask"].sum(dim=1).tolist()) if ids == 0]
+    if empty:
+        raise ValueError(f"prompt {empty[0]} is empty; give every prompt at least one character of text to continue")
     check_fits_positions(model, encoded["input_ids"].shape[1], generate_kwargs.get("max_new_tokens"))
     output = model.generate(**encoded, **generate_kwargs)  # (batch, prompt + new)
     new_tokens = output[:, encoded["input_ids"].shape[1]:]  # (batch, new)

@@ -148,11 +148,39 @@ def test_seq2seq_generation_longer_than_the_decoder_positions_is_refused(tokeniz
 
 def test_empty_prompt_is_refused(causal_dir):
     model, tokenizer = load_model_folder(causal_dir, device="cpu")
-    with pytest.raises(ValueError, match="prompt is empty"):
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
         generate(model, tokenizer, [""])
+    with pytest.raises(ValueError, match="prompt 1 is empty"):  # padding must not stand in for a prompt
+        generate(model, tokenizer, ["the cat", ""])
 
 
 def test_prompt_with_a_lone_surrogate_is_named(causal_dir):
     model, tokenizer = load_model_folder(causal_dir, device="cpu")
     with pytest.raises(ValueError, match=r"row 1 of the prompts .* at character 3, a lone surrogate"):
         generate(model, tokenizer, ["the cat", "the\ud800 dog"])
+
+
+def test_damaged_tokenizer_and_generation_files_are_named(broken, capsys):
+    (broken / "generation_config.json").write_text("xx")
+    with pytest.raises(ValueError, match=r"generation_config.json is damaged"):
+        load_model_folder(broken)
+    (broken / "generation_config.json").unlink()
+    (broken / "tokenizer.json").write_text("garbage")
+    assert minitx(["generate", "--model", str(broken), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tokenizer.json is damaged" in err[0]
+    (broken / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"tokenizer.json is missing"):
+        load_model_folder(broken)
+
+
+def test_dry_run_refuses_an_empty_prompt_before_staging(causal_dir, tmp_path, capsys):
+    assert minitx(["push", "--model_dir", str(causal_dir), "--dry_run", str(tmp_path / "s"), "--prompt", " "]) == 2
+    assert "--prompt is empty" in capsys.readouterr().err and not (tmp_path / "s").exists()
+
+
+def test_check_device_refuses_a_device_that_is_not_there(causal_dir, capsys):
+    for device in ("tpu", "meta", "cuda"):
+        assert minitx(["check-device", "--model_dir", str(causal_dir), "--device", device]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:"), err

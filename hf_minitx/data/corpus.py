@@ -388,6 +388,12 @@ def _with_validation(
     _check_not_empty(splits["train"], dataset, "train")
     if streaming:
         splits["train"], splits["validation"] = _carve_streaming(splits["train"], validation_split)
+        for name, split in splits.items():
+            if next(iter(split.take(1)), None) is None:
+                raise ValueError(
+                    f"streaming carves validation from {dataset!r} by rows (the first N, or every k-th; a text file's "
+                    f"rows are ~1 MB pieces), and too few rows leave {name} empty; for a corpus this small drop "
+                    "--streaming, or give a validation split (a validation.* file)")
     else:
         splits["train"], splits["validation"] = _carve(splits["train"], dataset, validation_split, seed)
     return splits

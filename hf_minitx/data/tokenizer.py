@@ -9,6 +9,7 @@ Special tokens have fixed ids, so model configs can rely on them:
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -98,14 +99,34 @@ def train_bpe_tokenizer(
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-def load_tokenizer(path_or_name: str) -> PreTrainedTokenizerFast:
-    """Load a saved tokenizer folder (or a cached Hub id) with ``AutoTokenizer``."""
+def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerFast:
+    """Load a saved tokenizer folder (or a cached Hub id) with ``AutoTokenizer``.
+
+    A folder must hold our files (``tokenizer.json``, ``tokenizer_config.json``) and they must parse: a
+    missing or damaged file is one error that names it, not a library message about other formats.
+    """
     folder = Path(path_or_name)
-    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+    if not folder.is_dir():
+        return AutoTokenizer.from_pretrained(path_or_name)
+    missing = [name for name in TOKENIZER_FILES if not (folder / name).is_file()]
+    if len(missing) == len(TOKENIZER_FILES):
         raise FileNotFoundError(f"{folder} holds no tokenizer (no tokenizer.json or tokenizer_config.json); pass a "
                                 "folder written by minitx train-tokenizer or tokenizer.save_pretrained, or leave "
                                 "--tokenizer out to train one")
-    return AutoTokenizer.from_pretrained(path_or_name)
+    if missing:
+        raise FileNotFoundError(f"{folder / missing[0]} is missing: the tokenizer folder is incomplete; save the "
+                                "tokenizer again (tokenizer.save_pretrained) or copy the file back")
+    for name in TOKENIZER_FILES:
+        try:
+            json.loads((folder / name).read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError) as error:
+            raise ValueError(f"{folder / name} is damaged (not valid JSON: {error}); save the tokenizer again "
+                             "or copy an intact file back") from None
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception as error:  # the library's own reasons for a file that parses but is not a tokenizer
+        raise ValueError(f"{folder / 'tokenizer.json'} could not be loaded as a tokenizer "
+                         f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); save the tokenizer again") from None
 
 
 def checked_texts(texts: Iterable[str], what: str = "the corpus") -> Iterator[str]:

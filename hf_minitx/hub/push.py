@@ -186,6 +186,8 @@ def dry_run(
     """Stage the upload into `staging_dir` and prove the staged folder loads and generates without hf_minitx."""
     if repo_id is not None:
         check_repo_id(repo_id)
+    if prompt is not None and not prompt.strip():
+        raise ValueError("--prompt is empty; give a few words for the generation check, or leave --prompt out")
     staging = stage_for_upload(model_dir, staging_dir, repo_id=repo_id)
     return staging, check_loads_without_package(staging, prompt=prompt, max_new_tokens=max_new_tokens)
 

@@ -72,9 +72,10 @@ def check_inputs(
     ids_name, mask_name = f"{prefix}input_ids", f"{prefix}attention_mask"
     if input_ids is not None:
         _check_id_tensor(input_ids, ids_name)
-    elif inputs_embeds is not None and (inputs_embeds.dim() != 3 or 0 in inputs_embeds.shape[:2]):
-        raise ValueError(f"{prefix}inputs_embeds must be (batch, seq, hidden) with batch, seq >= 1, got shape "
-                         f"{tuple(inputs_embeds.shape)}.")
+    elif inputs_embeds is not None and (inputs_embeds.dim() != 3 or 0 in inputs_embeds.shape[:2]
+                                        or inputs_embeds.shape[-1] != config.hidden_size):
+        raise ValueError(f"{prefix}inputs_embeds must be (batch, seq, hidden_size={config.hidden_size}) with batch, "
+                         f"seq >= 1, got shape {tuple(inputs_embeds.shape)}.")
     if attention_mask is not None and attention_mask.dim() not in (2, 4):
         raise ValueError(f"{mask_name} must be (batch, seq) with 1 for tokens and 0 for padding, got shape "
                          f"{tuple(attention_mask.shape)}. Pass the mask the tokenizer returned.")

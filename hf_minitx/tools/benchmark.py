@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..device import pick_device
 from ..folders import WRITTEN_BY, check_output_file, write_file
 from .data_prep_bench import format_data_prep, run_data_prep
 
@@ -595,6 +596,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         raise ValueError(f"--workloads {unknown} unknown; choose among {', '.join(WORKLOADS)}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but torch sees no CUDA GPU; use --device cpu")
+    if pick_device(args.device).type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {args.device}: the benchmark runs on cpu or cuda")
+    if args.rounds is not None and args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     base = QUICK_SHAPE if args.quick else BenchmarkShape()
     shape = replace(base, **{f: getattr(args, f) for f in asdict(base) if getattr(args, f) is not None})
     shape.check()

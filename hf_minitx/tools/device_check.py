@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from ..device import pick_device
+
 DEFAULT_PROMPTS = ("In the beginning", "one hundred and twenty three")
 # Allowed max |logit difference| relative to the largest |logit| of the CPU float32 reference.
 RELATIVE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 5e-2, torch.float16: 1e-2}
@@ -120,8 +122,8 @@ class DeviceCheckArguments:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`minitx check-device`: 0 when every check passes, 1 when one fails; 0 with a message (nothing checked)
-    where CUDA was asked for and there is none."""
+    """`minitx check-device`: 0 when every check passes, 1 when one fails; a device that is not there is an
+    error (exit 2), so a machine without CUDA never reads as a pass."""
     from ..cli import parse_arguments
 
     (args,) = parse_arguments([DeviceCheckArguments], argv, prog="minitx check-device", description=(
@@ -133,12 +135,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not Path(args.model_dir, "config.json").is_file():
         raise FileNotFoundError(f"{args.model_dir} has no config.json; pass a folder written by save_pretrained")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("CUDA is not available on this machine (torch.cuda.is_available() is False): nothing was checked. "
-              "Run this on a GPU machine, or pass --device cpu to exercise the check on the CPU.")
-        return 0
-    if args.device.startswith("cuda"):
+        raise ValueError("CUDA is not available on this machine (torch.cuda.is_available() is False), so nothing "
+                         "can be checked; run this on a GPU machine, or pass --device cpu to exercise the check")
+    device = pick_device(args.device)  # an unknown or unavailable device is one clear error
+    if device.type == "meta":
+        raise ValueError("--device meta holds no values to compare; use cuda, cuda:N, mps or cpu")
+    if device.type == "cuda":
         print(f"GPU: {torch.cuda.get_device_name(torch.device(args.device))}, torch {torch.__version__}")
-    results = compare_devices(args.model_dir, args.device, tuple(DTYPE_NAMES[d] for d in args.dtypes),
+    results = compare_devices(args.model_dir, device, tuple(DTYPE_NAMES[d] for d in args.dtypes),
                               max_new_tokens=args.max_new_tokens)
     print(format_report(results))
     failed = [r for r in results if not r.passed]

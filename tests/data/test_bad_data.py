@@ -57,3 +57,10 @@ def test_too_few_tokens_counts_the_rows_and_names_real_flags(tmp_path):
     with pytest.raises(ValueError, match=r"'validation' has \d+ tokens in 3 rows.*--block_size") as error:
         tokenize_and_pack(dd, tokenizer, block_size=64)
     assert "drop_remainder" not in str(error.value)
+
+
+def test_streaming_a_corpus_too_small_to_carve_says_why(tmp_path):
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("one small document\nof a few lines\n" * 20)
+    with pytest.raises(ValueError, match=r"streaming carves validation .* too few rows leave train empty"):
+        load_corpus(str(corpus), streaming=True)

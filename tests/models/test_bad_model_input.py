@@ -176,3 +176,8 @@ def test_meta_device_inputs_trace_shapes_without_reading_values():
 def test_four_d_mask_of_the_wrong_shape_is_named(shape):
     with pytest.raises(ValueError, match=r"4-D attention_mask must be .* = \(2, 1, 5, 5\)"):
         tiny_causal()(random_ids(2, 5), attention_mask=torch.ones(shape, dtype=torch.bool))
+
+
+def test_inputs_embeds_of_the_wrong_width_are_named():
+    with pytest.raises(ValueError, match=r"inputs_embeds must be \(batch, seq, hidden_size=32\)"):
+        tiny_causal()(inputs_embeds=torch.zeros(1, 2, 31))

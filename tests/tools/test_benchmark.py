@@ -121,3 +121,12 @@ def test_data_preparation_section_compares_both_recipes_on_the_same_text():
     assert (result["sides"]["run_clm-style"]["cache_bytes_per_text_byte"]
             > result["sides"]["minitx"]["cache_bytes_per_text_byte"])
     assert "speed-up of minitx" in format_data_prep(result)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--rounds", "0"], "--rounds must be >= 1"), (["--device", "tpu"], "unknown device 'tpu'"),
+    (["--device", "meta"], "runs on cpu or cuda"),
+])
+def test_bad_benchmark_options_are_refused_before_work(argv, message):
+    with pytest.raises(ValueError, match=message):
+        benchmark.main(["--quick", "--no_memory", "--no_data_prep", *argv])
