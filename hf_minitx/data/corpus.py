@@ -315,11 +315,24 @@ def _load_text_files(data_files: dict[str, list[str]], streaming: bool, sample_b
 def _load_with_datasets(name: str, config: str | None, streaming: bool, sample_by: str) -> dict[str, AnyDataset]:
     """``datasets.load_dataset(name, config)``: a Hub id or a local folder of data files. Text files
     (what datasets' ``text`` builder would read line by line) are read as documents instead."""
+    _check_one_file_type(name)
     builder = _guarded(name, datasets.load_dataset_builder, name, config)
     if builder.name == "text" and builder.config.data_files:
         files = {split: list(paths) for split, paths in builder.config.data_files.items()}
         return _guarded(name, _load_text_files, files, streaming, sample_by)
     return _guarded(name, datasets.load_dataset, name, config, streaming=streaming)
+
+
+def _check_one_file_type(name: str) -> None:
+    """A local folder must hold data files of one type: datasets would read one type and skip the rest."""
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        return
+    found = {path.suffix.lower() for path in folder.rglob("*") if path.is_file() and path.suffix.lower() in FILE_BUILDERS}
+    kinds = {FILE_BUILDERS[suffix] for suffix in found}
+    if len(kinds) > 1:
+        raise ValueError(f"folder {name!r} holds data files of several types ({', '.join(sorted(found))}), and only one "
+                         "type would be read; keep one type in the folder, or pass the files as a comma-separated list")
 
 
 def _guarded(name: str, load: Any, *args: Any, **kwargs: Any) -> Any:

@@ -64,3 +64,12 @@ def test_streaming_a_corpus_too_small_to_carve_says_why(tmp_path):
     corpus.write_text("one small document\nof a few lines\n" * 20)
     with pytest.raises(ValueError, match=r"streaming carves validation .* too few rows leave train empty"):
         load_corpus(str(corpus), streaming=True)
+
+
+def test_folder_of_mixed_file_types_is_refused_not_half_read(tmp_path):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "a.txt").write_text("some text\n" * 20)
+    (folder / "b.jsonl").write_text("".join(f'{{"text": "{t}"}}\n' for t in TEXTS))
+    with pytest.raises(ValueError, match=r"holds data files of several types \(.jsonl, .txt\)"):
+        load_corpus(str(folder))
