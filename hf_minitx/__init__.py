@@ -14,15 +14,24 @@ Importing the package registers `MiniTxConfig` and the models with transformers'
 `AutoConfig`, `AutoModel`, `AutoModelForCausalLM` and `AutoModelForSeq2SeqLM` resolve `model_type="minitx"`.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+import os as _os
+import sys as _sys
 
-from .models import (
-    MiniTxConfig,
-    MiniTxForCausalLM,
-    MiniTxForConditionalGeneration,
-    MiniTxModel,
-    MiniTxPreTrainedModel,
-)
+try:  # the first seconds of every `minitx` command: Ctrl-C here ends the command in one line (exit 130)
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    from .models import (
+        MiniTxConfig,
+        MiniTxForCausalLM,
+        MiniTxForConditionalGeneration,
+        MiniTxModel,
+        MiniTxPreTrainedModel,
+    )
+except KeyboardInterrupt:
+    if _sys.argv and (_sys.argv[0] == "-m" or _os.path.basename(_sys.argv[0]) == "minitx"):  # the command
+        print("interrupted while starting; nothing was written", file=_sys.stderr, flush=True)
+        _os._exit(130)  # nothing is open yet; SystemExit here can still end as a death by SIGINT
+    raise  # imported as a library: the caller decides
 
 __version__ = "0.1.0"
 

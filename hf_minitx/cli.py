@@ -23,6 +23,7 @@ from typing import Any
 USER_ERRORS = (ValueError, OSError, ImportError, KeyError)  # OSError: files, and the Hub (HubError)
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
+INTERRUPTED_AT_START = "interrupted while starting; nothing was written"
 
 
 class Interrupted(Exception):
@@ -88,8 +89,14 @@ def parse_arguments(
     return tuple(parser.parse_args_into_dataclasses(args=list(argv or [])))
 
 
+def one_line(message: str) -> str:
+    """A message of several lines as one: its non-blank lines joined with "; " (a last resort: messages are
+    built as one line where they are made)."""
+    return "; ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
 def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {one_line(message)}", file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -146,5 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = find_subcommand(argv[0])
     except ValueError as error:
         return _fail(str(error))
-    module = importlib.import_module(command.module)
+    try:
+        module = importlib.import_module(command.module)  # torch, transformers, datasets: seconds
+    except KeyboardInterrupt:
+        print(INTERRUPTED_AT_START, file=sys.stderr)
+        return EXIT_INTERRUPTED
     return run_cli(module.main, argv[1:])

@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -53,18 +53,52 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
 
 
 def check_output_folder(
-    path: str | Path, *, flag: str | None, overwrite: bool, option: str = "--output_dir"
+    path: str | Path, *, flag: str | None, overwrite: bool, option: str = "--output_dir",
+    inputs: Iterable[tuple[str, str | Path]] = (),
 ) -> Path:
     """Refuse a file, or a non-empty folder without ``overwrite`` (``flag`` names the option that replaces;
-    None: nothing may replace it); nothing is written. Returns the path."""
+    None: nothing may replace it), or a folder to be replaced that holds one of the ``inputs`` the command
+    reads ((option, path) pairs: a dataset file, a tokenizer folder, a preset); nothing is written.
+    Returns the path."""
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"{option} {folder} is a file, not a folder; give a folder path")
-    if folder.is_dir() and any(folder.iterdir()) and not overwrite:
-        remedy = f"Pass {flag} to replace it, or choose another {option}." if flag else f"Choose a new or empty {option}."
-        raise FolderRefused(f"{option} {folder} already exists and is not empty: {_what_it_holds(folder)} "
-                            f"({describe_contents(folder)}). {remedy}")
+    if folder.is_dir() and any(folder.iterdir()):
+        if not overwrite:
+            remedy = (f"Pass {flag} to replace it, or choose another {option}." if flag
+                      else f"Choose a new or empty {option}.")
+            raise FolderRefused(f"{option} {folder} already exists and is not empty: {_what_it_holds(folder)} "
+                                f"({describe_contents(folder)}). {remedy}")
+        check_inputs_outside(folder, inputs, option=option)
     return folder
+
+
+def check_inputs_outside(folder: Path, inputs: Iterable[tuple[str, str | Path]], *, option: str) -> None:
+    """Refuse to replace ``folder`` when an input the command reads lies in it (replacing would delete it)."""
+    root = folder.resolve()
+    for name, path in inputs:
+        where = Path(path).expanduser().resolve()
+        if where == root or root in where.parents:
+            raise FolderRefused(
+                f"{option} {folder} holds {path} ({name}), which this command reads: replacing the folder would "
+                f"delete it; move that input out of {folder} or choose another {option}")
+
+
+def check_marker(folder: Path) -> dict[str, Any] | None:
+    """The run marker of ``folder`` (None when there is none); a damaged marker is a ValueError naming it."""
+    path = folder / RUN_MARKER
+    if not path.exists():
+        return None
+    try:
+        marker = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        marker, detail = None, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else error}"
+    else:
+        detail = "not a JSON object with a run_id"
+    if isinstance(marker, dict) and isinstance(marker.get("run_id"), str) and marker.get("command"):
+        return marker
+    raise ValueError(f"{path} is damaged ({detail}); it records which run made {folder}. Restore it, delete it "
+                     "to resume with the checkpoint's own run id, or start again in another folder")
 
 
 def _what_it_holds(folder: Path) -> str:

@@ -210,8 +210,8 @@ def get_builtin(name: str) -> BuiltinCorpus:
     """Look up ``builtin:NAME`` (the prefix is optional), listing the available names if unknown."""
     key = name if name.startswith(BUILTIN_PREFIX) else BUILTIN_PREFIX + name
     if key not in BUILTINS:
-        available = "\n".join(f"  {n}: {d}" for n, d in BUILTIN_CORPORA.items())
-        raise ValueError(f"unknown built-in corpus {name!r}. Available:\n{available}")
+        available = "; ".join(f"{n} ({d})" for n, d in BUILTIN_CORPORA.items())
+        raise ValueError(f"unknown built-in corpus {name!r}; available: {available}")
     return BUILTINS[key]
 
 

@@ -275,6 +275,16 @@ def _local_files(dataset: str) -> list[str] | None:
     return files
 
 
+def local_inputs(dataset: str) -> list[Path]:
+    """The local files (or the folder) that ``dataset`` reads: none for a builtin or a Hub id. A file spec
+    that matches nothing raises FileNotFoundError, as loading would."""
+    if dataset.startswith(BUILTIN_PREFIX):
+        return []
+    if os.path.isdir(os.path.expanduser(dataset)):
+        return [Path(os.path.expanduser(dataset))]
+    return [Path(f) for f in _local_files(dataset) or []]
+
+
 def _load_files(files: list[str], streaming: bool, sample_by: str) -> dict[str, AnyDataset]:
     builders = {FILE_BUILDERS.get(Path(f).suffix.lower()) for f in files}
     if None in builders:

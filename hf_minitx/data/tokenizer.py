@@ -29,6 +29,7 @@ UNK_TOKEN = "<unk>"
 # The order fixes the ids: the trainer gives special tokens the first ids, in this order.
 SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_TOKENS))
+MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256  # the special tokens and the 256 byte symbols
 
 
 def _post_processor(add_bos: bool, add_eos: bool) -> processors.TemplateProcessing:
@@ -62,10 +63,10 @@ def train_bpe_tokenizer(
     memory bounded. The 256 byte symbols are always in the vocabulary, so any Unicode text
     round-trips through ``encode``/``decode``; no normalizer is applied for the same reason.
     """
-    if vocab_size < len(SPECIAL_TOKENS) + 256:
+    if vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(
             f"vocab_size={vocab_size} is too small: a byte-level BPE needs at least "
-            f"{len(SPECIAL_TOKENS) + 256} entries (256 bytes + {len(SPECIAL_TOKENS)} special tokens)."
+            f"{MIN_VOCAB_SIZE} entries (256 bytes + {len(SPECIAL_TOKENS)} special tokens)."
         )
     backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -170,6 +171,19 @@ class TokenizerArguments:
     overwrite: bool = field(default=False, metadata={"help": "replace a non-empty --output_dir (refused otherwise)"})
 
 
+def check_tokenizer_arguments(args: TokenizerArguments) -> None:
+    """Sizes and counts that can train a tokenizer; checked before anything is read or written."""
+    if args.vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"--vocab_size must be >= {MIN_VOCAB_SIZE} (256 bytes + {len(SPECIAL_TOKENS)} special "
+                         f"tokens; more makes merges), got {args.vocab_size}")
+    if args.min_frequency < 0:
+        raise ValueError(f"--min_frequency must be >= 0 (the pair count a merge needs), got {args.min_frequency}")
+    for name in ("max_texts", "num_examples", "model_max_length"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be >= 1 (or left out for the default), got {value}")
+
+
 def _save_marked(tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
     write_marker(folder, command="train-tokenizer", run_id=uuid.uuid4().hex[:12])
@@ -178,12 +192,14 @@ def _save_marked(tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> Path:
     """`minitx train-tokenizer`: train and save the tokenizer; returns the output folder."""
     from ..cli import parse_arguments
-    from .corpus import corpus_task, iter_training_texts, load_corpus
+    from .corpus import corpus_task, iter_training_texts, load_corpus, local_inputs
 
     (args,) = parse_arguments([TokenizerArguments], argv, prog="minitx train-tokenizer", description=(
         "Train hf_minitx's byte-level BPE on a corpus and save it as a stock transformers tokenizer folder "
         "(loads with AutoTokenizer.from_pretrained, no custom code)."))
-    output_dir = check_output_folder(args.output_dir, flag="--overwrite", overwrite=args.overwrite)
+    check_tokenizer_arguments(args)
+    output_dir = check_output_folder(args.output_dir, flag="--overwrite", overwrite=args.overwrite,
+                                     inputs=[("--dataset", path) for path in local_inputs(args.dataset)])
     task = args.task or corpus_task(args.dataset) or (
         "seq2seq" if args.source_column or args.target_column else "causal-lm"
     )

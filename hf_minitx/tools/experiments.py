@@ -86,6 +86,10 @@ class ExperimentConfig:
             raise ValueError(f"initializer_range must be positive, got {self.initializer_range}.")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be positive, got {self.learning_rate}.")
+        try:
+            self.model_config()  # norm_position, position_embedding_type, the head split: checked by the model
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"invalid model settings: {err}") from None
 
     def model_config(self) -> MiniTxConfig:
         """The MiniTx encoder-decoder for this run (room for the source and target + EOS)."""
@@ -245,9 +249,12 @@ def compare(config: ExperimentConfig, field: str, values: list, output_dir: str 
         raise ValueError(f"Cannot compare on {field!r}; pick an ExperimentConfig field such as norm_position.")
     if len(values) < 2:
         raise ValueError(f"Give at least two values of {field} to compare, got {values}.")
+    if len(set(map(str, values))) < len(values):
+        raise ValueError(f"--compare {field}: each value once, got {values}")
     root = check_output_folder(output_dir, flag="--overwrite", overwrite=config.overwrite)
-    replace_folder(root, command="experiment")
+    # every run's configuration is built (and checked) before anything is created
     runs = {f"{field}={v}": replace(config, **{field: v}, output_dir=str(root / f"{field}-{v}")) for v in values}
+    replace_folder(root, command="experiment")
     summaries = {label: run_experiment(run) for label, run in runs.items()}
     plot_training({label: run.output_dir for label, run in runs.items()}, out or root / "comparison.png",
                   title=f"{config.task} task: {field} compared (same data, seed {config.seed})")

@@ -176,6 +176,7 @@ class TrainArguments:
     disable_tqdm: bool = field(default=False, metadata={"help": "Hide the progress bar."})
     push_to_hub: bool = field(default=False, metadata={"help": "Upload the final folder with hf_minitx.hub.push."})
     hub_model_id: str | None = field(default=None, metadata={"help": "Hub repo id USER/NAME for --push_to_hub."})
+    arguments_file: str | None = field(default=None, init=False)  # the JSON/YAML file the values came from
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, TrainArguments)
@@ -198,7 +199,7 @@ def _read_args_file(path: Path) -> dict[str, Any]:
         raise ValueError(f"arguments file {path} is not valid {path.suffix[1:].upper()} ({detail}); fix it") from None
     if not isinstance(values, dict):
         raise ValueError(f"arguments file {path} must hold a mapping of argument names to values")
-    known = {f.name for cls in ARGUMENT_CLASSES for f in fields(cls)}
+    known = {f.name for cls in ARGUMENT_CLASSES for f in fields(cls) if f.init}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"unknown argument(s) {unknown} in {path}; known arguments: {sorted(known)}")
@@ -210,13 +211,15 @@ def parse_training_args(argv: list[str] | None = None) -> tuple[ModelArguments, 
     from ..cli import parse_arguments
 
     argv = list(argv or [])
-    file_values = None
+    file_values, args_file = None, None
     if argv and not argv[0].startswith("-") and Path(argv[0]).suffix in ARGS_FILE_SUFFIXES:
-        file_values = _read_args_file(Path(argv.pop(0)))
+        args_file = argv.pop(0)
+        file_values = _read_args_file(Path(args_file))
     model_args, data_args, train_args = parse_arguments(
         ARGUMENT_CLASSES, argv, prog="minitx train", defaults=file_values,
         description="Train a MiniTx model (decoder-only or encoder-decoder) with Accelerate. An arguments file "
                     "(JSON or YAML) given first supplies defaults; the command line overrides them.")
+    train_args.arguments_file = args_file
     return model_args, data_args, train_args
 
 
@@ -226,14 +229,19 @@ def available_presets() -> dict[str, str]:
     return {f.name.removesuffix(".json"): json.loads(f.read_text()).get("description", "") for f in files}
 
 
-def load_preset(preset: str) -> dict[str, Any]:
-    """MiniTxConfig fields of a preset name or JSON path (the ``description`` key is dropped)."""
+def preset_path(preset: str) -> Path | None:
+    """The JSON file of a preset path, or None for a shipped preset name."""
     path = Path(preset)
-    if path.suffix != ".json" or not path.is_file():
-        path = PRESETS / f"{preset}.json"
+    return path if path.suffix == ".json" and path.is_file() else None
+
+
+def load_preset(preset: str) -> dict[str, Any]:
+    """MiniTxConfig fields of a preset name or JSON path (the ``description`` key is dropped); an unknown
+    field is a ValueError with the closest names."""
+    path = preset_path(preset) or PRESETS / f"{preset}.json"
     if not path.is_file():
-        listing = "\n".join(f"  {name}: {text}" for name, text in available_presets().items())
-        raise ValueError(f"unknown preset {preset!r}: give a JSON file path or one of these names:\n{listing}")
+        listing = "; ".join(f"{name} ({text})" for name, text in available_presets().items())
+        raise ValueError(f"unknown preset {preset!r}: give a JSON file path or one of these names: {listing}")
     try:
         values = json.loads(path.read_text())
     except json.JSONDecodeError as error:
@@ -241,7 +249,18 @@ def load_preset(preset: str) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ValueError(f"preset {path} must hold a JSON object of MiniTxConfig fields")
     values.pop("description", None)
+    for name in values:
+        check_config_field(name, f"preset {path}")
     return values
+
+
+def check_config_field(name: str, where: str) -> None:
+    """Refuse a name that is not a MiniTxConfig field, naming the closest fields (``where``: its source)."""
+    names = [f.name for f in fields(MiniTxConfig)]
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=3)
+        hint = f"; did you mean {' or '.join(close)}?" if close else "; see MiniTxConfig for the field names"
+        raise ValueError(f"{where}: {name!r} is not a MiniTxConfig field{hint}")
 
 
 def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
@@ -256,10 +275,7 @@ def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
         if "=" not in item:
             raise ValueError(f"config override {item!r} must look like name=value (e.g. hidden_size=128)")
         name, raw = (s.strip() for s in item.split("=", 1))
-        if name not in types:
-            close = difflib.get_close_matches(name, types, n=3)
-            hint = f"; did you mean {' or '.join(close)}?" if close else "; see MiniTxConfig for the field names"
-            raise ValueError(f"config override {name!r} is not a MiniTxConfig field{hint}")
+        check_config_field(name, "--config_overrides")
         options = typing.get_args(types[name]) or (types[name],)  # int | None -> (int, NoneType)
         if type(None) in options and raw.lower() in ("none", "null"):
             result[name] = None

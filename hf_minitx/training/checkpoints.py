@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from ..folders import read_marker
+from ..folders import check_marker
 
 CHECKPOINT_PREFIX = "checkpoint-"
 RUN_STATE_FILE = "run_state.json"
@@ -105,7 +105,7 @@ def check_same_run(output_dir: Path, checkpoint: Path, state: dict[str, Any]) ->
             f"checkpoint {checkpoint} belongs to the run in {checkpoint.parent}, not to --output_dir {output_dir}; "
             f"resume it there (--output_dir {checkpoint.parent} --resume_from_checkpoint latest)"
         )
-    marker = read_marker(output_dir)
+    marker = check_marker(output_dir)  # a damaged marker is named, not silently rewritten
     if marker and state.get("run_id") and marker.get("run_id") != state["run_id"]:
         raise ValueError(f"checkpoint {checkpoint} was made by run {state['run_id']}, but {output_dir} belongs to "
                          f"run {marker.get('run_id')}; resume a checkpoint of this folder's own run")
@@ -115,6 +115,8 @@ def check_compatible(checkpoint: Path, stored: dict[str, Any], expected: dict[st
     """Refuse to resume when the checkpoint was made with other model/data settings."""
     different = {}
     for key, value in expected.items():
+        if key == INPUT_FILES:
+            continue  # compared by check_same_inputs
         old = stored.get(key)
         if isinstance(old, dict) and isinstance(value, dict):
             for sub in sorted(set(old) | set(value)):
@@ -123,11 +125,30 @@ def check_compatible(checkpoint: Path, stored: dict[str, Any], expected: dict[st
         elif old != value:
             different[key] = (old, value)
     if different:
-        lines = "\n".join(f"  {k}: checkpoint has {old!r}, this run has {new!r}" for k, (old, new) in different.items())
+        diff = "; ".join(f"{k}: checkpoint has {old!r}, this run has {new!r}" for k, (old, new) in different.items())
         raise ValueError(
-            f"checkpoint {checkpoint} comes from another configuration:\n{lines}\n"
-            "Resume with the same settings, or start a new run in another --output_dir."
+            f"checkpoint {checkpoint} comes from another configuration ({diff}); "
+            "resume with the same settings, or start a new run in another --output_dir"
         )
+
+
+INPUT_FILES = "input_files"  # run identity key: {path: fingerprint} of the local files the run reads
+
+
+def check_same_inputs(checkpoint: Path, stored: dict[str, Any], expected: dict[str, Any]) -> None:
+    """Refuse to resume when a local input file (dataset, tokenizer) changed, appeared or vanished since the
+    checkpoint's run started (checkpoints written before fingerprints were kept are not checked)."""
+    old, new = stored.get(INPUT_FILES), expected.get(INPUT_FILES) or {}
+    if not isinstance(old, dict):
+        return
+    for path in sorted(set(old) | set(new)):
+        if old.get(path) != new.get(path):
+            how = "is gone" if path not in new else "is new" if path not in old else "changed (size or content)"
+            raise ValueError(
+                f"input file {path} {how} since the run in checkpoint {checkpoint} started; resuming would go on "
+                "with other data than the run (and its tokenizer) began with: restore the file, or start a new "
+                "run in another --output_dir"
+            )
 
 
 def rotate_checkpoints(output_dir: str | Path, keep: int) -> list[Path]:

@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
-from ..cli import Interrupted
+from ..cli import EXIT_INTERRUPTED, Interrupted
 from ..data.streaming import PackedBlockStream
 from ..device import describe_hardware
 from ..folders import PARTIAL_SUFFIX, move_files_into
@@ -51,10 +51,13 @@ from .evaluation import TextEvaluation
 from .loss import Objective
 from .outputs import LOSS_CURVE_FILE, SUMMARY_FILE, append_metrics, save_final_model, truncate_metrics
 from .prepare import (
+    AlreadyComplete,
     RunPlan,
+    abandon_setup,
     build_model,
     build_optimizer,
     check_global_batch,
+    check_not_complete,
     claim_output_folder,
     get_tokenizer,
     is_hub_dataset,
@@ -195,9 +198,19 @@ class Interval:
 
 
 def train(model_args: ModelArguments, data_args: DataArguments, train_args: TrainArguments) -> Path:
-    """Run one training job end to end; returns the output folder holding the final model."""
-    plan = plan_run(model_args, data_args, train_args)  # every check that needs no data
-    run, tokenizer, state = setup(plan)
+    """Run one training job end to end; returns the output folder holding the final model.
+
+    Ctrl-C before the first step (imports, data, tokenizer) leaves nothing half-written; a resumed run that
+    is already complete writes nothing."""
+    plan = None
+    try:
+        plan = plan_run(model_args, data_args, train_args)  # every check that needs no data
+        run, tokenizer, state = setup(plan)
+    except AlreadyComplete as done:
+        print(done)
+        return Path(train_args.output_dir)
+    except KeyboardInterrupt:
+        raise Interrupted(abandon_setup(plan), EXIT_INTERRUPTED) from None
     outcome = fit(run, state)
     if outcome.interrupted_by is not None:
         raise Interrupted(
@@ -235,6 +248,7 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
         len(data["train"]), train_args.per_device_train_batch_size, num_processes=accelerator.num_processes,
     ).batches_per_epoch
     total_steps = train_args.max_steps or max(1, math.ceil(train_args.num_epochs * batches_per_epoch / k))
+    check_not_complete(plan, total_steps)  # before the first write
     scheduler = get_scheduler(train_args.lr_scheduler_type, optimizer, num_warmup_steps=train_args.warmup_steps,
                               num_training_steps=total_steps)
     eval_loader = DataLoader(data["validation"], batch_size=train_args.per_device_eval_batch_size,

@@ -6,10 +6,13 @@ Everything here runs once per run; the loop itself (``loop.py``) never looks bac
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +26,13 @@ from ..data.corpus import (
     corpus_task,
     iter_training_texts,
     load_corpus,
+    local_inputs,
     preprocess_seq2seq,
     seq2seq_collator,
     tokenize_and_pack,
 )
 from ..data.preprocessing import block_collator
-from ..data.tokenizer import load_tokenizer, train_bpe_tokenizer
+from ..data.tokenizer import MIN_VOCAB_SIZE, load_tokenizer, train_bpe_tokenizer
 from ..device import pick_device
 from ..folders import (
     PARTIAL_SUFFIX,
@@ -45,17 +49,21 @@ from .arguments import (
     TrainArguments,
     load_preset,
     parse_config_overrides,
+    preset_path,
     validation_split_value,
 )
 from .checkpoints import (
+    INPUT_FILES,
     check_checkpoint_files,
     check_compatible,
+    check_same_inputs,
     check_same_run,
     read_run_state,
     resolve_checkpoint,
 )
 from .evaluation import predicted_bytes, text_bytes
 from .loss import Objective
+from .outputs import SUMMARY_FILE
 from .stream_data import check_streaming_arguments, prepare_streaming_data
 
 TRACKERS = ("tensorboard", "trackio", "wandb")
@@ -76,11 +84,16 @@ class RunPlan:
     trackers: list[str]
     checkpoint: Path | None = None
     resume_state: dict[str, Any] | None = None  # run_state.json of the checkpoint, read once
+    claimed: str | None = None  # how claim_output_folder found output_dir: "missing", "empty", "replaced", "resumed"
 
-    @property
+    @cached_property
     def identity(self) -> dict[str, Any]:
-        """What a checkpoint must share with the run that resumes it."""
-        return run_identity(self.settings, self.data_args)
+        """What a checkpoint must share with the run that resumes it, the local input files' fingerprints too."""
+        return {**run_identity(self.settings, self.data_args), INPUT_FILES: fingerprint_inputs(self.data_args)}
+
+
+class AlreadyComplete(Exception):
+    """A resumed run has nothing left to do: its folder already holds the final model of that many steps."""
 
 
 # --- checks done before any work ------------------------------------------------------------------
@@ -120,6 +133,43 @@ def run_identity(model_settings: dict[str, Any], data_args: DataArguments) -> di
     }
 
 
+def run_inputs(model_args: ModelArguments, data_args: DataArguments,
+               train_args: TrainArguments) -> list[tuple[str, Path]]:
+    """(option, path) of every local file or folder the run reads: dataset files (or folder), the tokenizer
+    folder, a preset file, the arguments file."""
+    inputs = [("--dataset", path) for path in local_inputs(data_args.dataset)]
+    if data_args.tokenizer:
+        inputs.append(("--tokenizer", Path(data_args.tokenizer)))
+    if preset_path(model_args.preset) is not None:
+        inputs.append(("--preset", Path(model_args.preset)))
+    if train_args.arguments_file:
+        inputs.append(("arguments file", Path(train_args.arguments_file)))
+    return inputs
+
+
+FINGERPRINT_BYTES = 1 << 20  # the first and the last MB of each file are hashed (cheap on large corpora)
+
+
+def fingerprint_inputs(data_args: DataArguments) -> dict[str, str]:
+    """{path: "size:hash of the first and last MB"} of the local dataset and tokenizer files (builtin and Hub
+    datasets have none: their name and config are in the run identity)."""
+    roots = local_inputs(data_args.dataset) + ([Path(data_args.tokenizer)] if data_args.tokenizer else [])
+    files = [f for root in roots for f in (sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir()
+                                           else [root])]
+    return {str(f): _fingerprint(f) for f in files}
+
+
+def _fingerprint(path: Path) -> str:
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        digest.update(handle.read(FINGERPRINT_BYTES))
+        if size > FINGERPRINT_BYTES:
+            handle.seek(max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES))
+            digest.update(handle.read())
+    return f"{size}:{digest.hexdigest()[:16]}"
+
+
 def parse_trackers(report_to: str) -> list[str]:
     """``--report_to`` as a list of Accelerate tracker names (``none`` is the empty list)."""
     trackers = [t.strip() for t in report_to.split(",") if t.strip() and t.strip() != "none"]
@@ -139,6 +189,23 @@ def check_data_arguments(config: MiniTxConfig, data_args: DataArguments) -> None
         )
     lengths = {"block_size": data_args.block_size} if data_args.task == "causal-lm" else {
         "max_source_length": data_args.max_source_length, "max_target_length": data_args.max_target_length}
+    counts = {  # at least 1 (None: the default)
+        "max_eval_samples": data_args.max_eval_samples, "num_examples": data_args.num_examples,
+        "num_proc": data_args.num_proc, "max_source_length": data_args.max_source_length,
+        "max_target_length": data_args.max_target_length,
+        **({} if data_args.tokenizer else {"tokenizer_max_texts": data_args.tokenizer_max_texts,
+                                          "tokenizer_max_chars": data_args.tokenizer_max_chars}),
+    }
+    for name, value in counts.items():
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be >= 1 (or left out for the default), got {value}")
+    if data_args.block_size < 2:
+        raise ValueError(f"--block_size must be >= 2 (a token and the next one to predict), got {data_args.block_size}")
+    if data_args.shuffle_buffer < 0:
+        raise ValueError(f"--shuffle_buffer must be >= 0 (0 keeps stream order), got {data_args.shuffle_buffer}")
+    if not data_args.tokenizer and data_args.tokenizer_vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"--tokenizer_vocab_size must be >= {MIN_VOCAB_SIZE} (256 bytes + 4 special tokens), got "
+                         f"{data_args.tokenizer_vocab_size}")
     for name, value in lengths.items():
         if value > config.max_position_embeddings:
             raise ValueError(
@@ -170,6 +237,17 @@ def check_training_arguments(train_args: TrainArguments) -> None:
     for name, value in positive.items():
         if value < 1:
             raise ValueError(f"--{name} must be >= 1, got {value}")
+    at_least = {  # None: the default; 0 for the *_steps: never
+        "generation_eval_samples": (train_args.generation_eval_samples, 1),
+        "generation_num_beams": (train_args.generation_num_beams, 1),
+        "num_threads": (train_args.num_threads, 1),
+        "num_sample_generations": (train_args.num_sample_generations, 0),
+        "eval_steps": (train_args.eval_steps, 0), "checkpointing_steps": (train_args.checkpointing_steps, 0),
+        "warmup_steps": (train_args.warmup_steps, 0), "save_total_limit": (train_args.save_total_limit, 1),
+    }
+    for name, (value, least) in at_least.items():
+        if value is not None and value < least:
+            raise ValueError(f"--{name} must be >= {least}, got {value}")
     if train_args.max_steps is not None and train_args.max_steps < 1:
         raise ValueError(f"--max_steps must be >= 1, got {train_args.max_steps}")
     if train_args.max_steps is None and train_args.num_epochs <= 0:
@@ -202,16 +280,34 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
         objective=Objective.for_task(data_args.task, train_args.label_smoothing),
         output_dir=Path(train_args.output_dir), trackers=parse_trackers(train_args.report_to),
     )
+    inputs = run_inputs(model_args, data_args, train_args)  # a missing dataset file is named here
     if train_args.resume_from_checkpoint is None:
         check_output_folder(plan.output_dir, flag="--overwrite_output_dir (or --resume_from_checkpoint latest to "
-                            "continue a run)", overwrite=train_args.overwrite_output_dir)
+                            "continue a run)", overwrite=train_args.overwrite_output_dir, inputs=inputs)
         return plan
     plan.checkpoint = resolve_checkpoint(train_args.resume_from_checkpoint, plan.output_dir)
     plan.resume_state = read_run_state(plan.checkpoint)
     check_compatible(plan.checkpoint, plan.resume_state, plan.identity)
     check_same_run(plan.output_dir, plan.checkpoint, plan.resume_state)
+    check_same_inputs(plan.checkpoint, plan.resume_state, plan.identity)
     check_checkpoint_files(plan.checkpoint)
+    if train_args.max_steps is not None:  # runs of num_epochs are checked once their length is known
+        check_not_complete(plan, train_args.max_steps)
     return plan
+
+
+def check_not_complete(plan: RunPlan, total_steps: int) -> None:
+    """A resumed run whose folder already holds the final model of ``total_steps`` (or more) steps, saved
+    after its checkpoint, raises AlreadyComplete: nothing is to be done or written."""
+    if plan.checkpoint is None:
+        return
+    try:
+        steps = json.loads((plan.output_dir / SUMMARY_FILE).read_text()).get("steps")
+    except (OSError, ValueError, AttributeError):
+        return  # no (readable) final summary: the run goes on and finishes
+    if isinstance(steps, int) and steps >= total_steps and steps >= plan.resume_state["step"]:
+        raise AlreadyComplete(f"{plan.output_dir} is already complete at step {steps}; nothing to do (raise "
+                              "--max_steps to train further)")
 
 
 def check_global_batch(plan: RunPlan, global_batch_size: int) -> None:
@@ -289,7 +385,11 @@ def get_tokenizer(plan: RunPlan, corpus: Any, accelerator: Accelerator) -> PreTr
             add_eos_token=data_args.task == "seq2seq",  # sources end with EOS, in training and in use
         )
         shutil.rmtree(staging, ignore_errors=True)
-        tokenizer.save_pretrained(staging)
+        try:
+            tokenizer.save_pretrained(staging)
+        except BaseException:  # an interruption (or a full disk) leaves no half-saved staging folder
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     accelerator.wait_for_everyone()
     return load_tokenizer(str(staging))
 
@@ -298,8 +398,11 @@ def claim_output_folder(plan: RunPlan) -> str:
     """Main process, once every check passed: the only place a run's old folder is replaced. A new run
     empties (or creates) output_dir and marks it; a resumed run keeps it. Returns the run id."""
     if plan.checkpoint is None:
+        folder = plan.output_dir
+        plan.claimed = "missing" if not folder.exists() else "replaced" if any(folder.iterdir()) else "empty"
         run_id = replace_folder(plan.output_dir, command="train")
     else:
+        plan.claimed = "resumed"
         marker = read_marker(plan.output_dir)
         run_id = (marker or {}).get("run_id") or plan.resume_state.get("run_id") or uuid.uuid4().hex[:12]
         if marker is None:
@@ -308,6 +411,26 @@ def claim_output_folder(plan: RunPlan) -> str:
     if staging.is_dir():
         move_files_into(staging, plan.output_dir)
     return run_id
+
+
+def abandon_setup(plan: RunPlan | None) -> str:
+    """After an interruption before the first step: remove what this run wrote (the tokenizer staging
+    folder; a new run's marker and tokenizer), and say in one line what is left."""
+    if plan is None:
+        return "interrupted before training started; nothing was written"
+    shutil.rmtree(tokenizer_staging(plan), ignore_errors=True)
+    folder = plan.output_dir
+    if plan.claimed == "resumed":
+        return f"interrupted before training resumed; the run in {folder} is as it was: resume it again"
+    if plan.claimed == "missing":
+        shutil.rmtree(folder, ignore_errors=True)
+    elif plan.claimed in ("empty", "replaced"):  # holds only what this run put there
+        for path in folder.iterdir():
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if plan.claimed == "replaced":
+        return (f"interrupted before training started; the old contents of {folder} had already been replaced "
+                "(--overwrite_output_dir), so it is left empty")
+    return "interrupted before training started; nothing was written"
 
 
 def _first_rows(split: Any, limit: int | None) -> Any:

@@ -256,3 +256,201 @@ def test_kill_during_a_checkpoint_save_leaves_a_resumable_run(finished_run, text
     assert "skipping incomplete checkpoint" in capsys.readouterr().err
     assert_same_weights(finished_run, out)
     assert [r["loss"] for r in records(out, "train")] == [r["loss"] for r in records(finished_run, "train")]
+
+
+# --- found by an adversarial tester: each was a broken promise --------------------------------------------
+
+STARTUP_HOOK = """
+import os, sys, time
+import hf_minitx.training.loop as loop
+import hf_minitx.training.prepare as prepare
+where = os.environ["TEST_PAUSE_AT"]
+real_corpus, real_load = loop.load_training_corpus, prepare.load_tokenizer
+def pause():
+    print("PAUSED", flush=True)
+    time.sleep(60)
+def slow_corpus(plan):
+    corpus = real_corpus(plan)
+    if where == "data":
+        pause()
+    return corpus
+def slow_load(path):
+    if where == "staged" and path.endswith(".partial"):
+        pause()  # the freshly trained tokenizer waits in its staging folder
+    return real_load(path)
+loop.load_training_corpus, prepare.load_tokenizer = slow_corpus, slow_load
+from hf_minitx.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_overwrite_refuses_a_folder_holding_the_runs_own_inputs(tmp_path, text_file, capsys):  # noqa: F811
+    folder = tmp_path / "dd"
+    folder.mkdir()
+    corpus = folder / "corpus.txt"
+    shutil.copy(text_file, corpus)
+    (folder / "preset.json").write_text('{"hidden_size": 32}')
+    (folder / "args.json").write_text('{"max_steps": 2}')
+    user_folder(folder / "tok")
+    (folder / "data").mkdir()
+    shutil.copy(text_file, folder / "data" / "corpus.txt")
+    before = snapshot(folder)
+    cases = [
+        ["train", *causal_args(corpus, folder, "--max_steps", "2", "--overwrite_output_dir")],
+        ["train", *causal_args(text_file, folder, "--overwrite_output_dir", "--tokenizer", str(folder / "tok"))],
+        ["train", *causal_args(text_file, folder, "--max_steps", "2", "--overwrite_output_dir", "--preset",
+                               str(folder / "preset.json"))],
+        ["train", str(folder / "args.json"), *causal_args(text_file, folder, "--overwrite_output_dir")],
+        ["train", *causal_args(folder / "data", folder, "--max_steps", "2", "--overwrite_output_dir")],  # a folder
+        ["train-tokenizer", "--dataset", str(corpus), "--vocab_size", "300", "--output_dir", str(folder),
+         "--overwrite"],
+    ]
+    for args in cases:
+        assert minitx(args) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "which this command reads" in err[0], err
+    assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--max_eval_samples", "0"], "--max_eval_samples must be >= 1"),
+    (["--generation_eval_samples", "0"], "--generation_eval_samples must be >= 1"),
+    (["--tokenizer_max_texts", "0"], "--tokenizer_max_texts must be >= 1"),
+    (["--tokenizer_max_chars", "-5"], "--tokenizer_max_chars must be >= 1"),
+    (["--tokenizer_vocab_size", "100"], "--tokenizer_vocab_size must be >= 260"),
+    (["--eval_steps", "-1"], "--eval_steps must be >= 0"),
+    (["--block_size", "1"], "--block_size must be >= 2"),
+])
+def test_bad_counts_are_refused_before_any_work(tmp_path, text_file, capsys, extra, message):  # noqa: F811
+    out = tmp_path / "run"
+    assert minitx(["train", *causal_args(text_file, out, "--max_steps", "2", *extra)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--max_texts", "0"], "--max_texts must be >= 1"),
+    (["--max_texts", "-3"], "--max_texts must be >= 1"),
+    (["--min_frequency", "-1"], "--min_frequency must be >= 0"),
+    (["--vocab_size", "259"], "--vocab_size must be >= 260"),
+])
+def test_train_tokenizer_refuses_bad_counts(tmp_path, text_file, capsys, extra, message):  # noqa: F811
+    out = tmp_path / "tok"
+    assert minitx(["train-tokenizer", "--dataset", str(text_file), "--output_dir", str(out), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and not out.exists()
+
+
+@pytest.mark.parametrize("values, message", [
+    (["norm_position", "post", "sideways"], "sideways"),
+    (["steps", "3", "-2"], "steps must be positive"),
+    (["steps", "3", "3"], "each value once"),
+])
+def test_experiment_compare_checks_every_value_before_creating_anything(tmp_path, capsys, values, message):
+    out = tmp_path / "ex4"
+    assert minitx(["experiment", "--steps", "2", "--output_dir", str(out), "--compare", *values]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert not out.exists()
+
+
+def test_preset_with_an_unknown_field_is_refused(tmp_path, text_file, capsys):  # noqa: F811
+    preset = tmp_path / "preset.json"
+    preset.write_text('{"hidden_sise": 32}')
+    assert minitx(["train", *causal_args(text_file, tmp_path / "x", "--preset", str(preset))]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'hidden_sise' is not a MiniTxConfig field; did you mean hidden_size" in err and str(preset) in err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("pause_at", ["data", "staged"])
+def test_ctrl_c_during_startup_ends_in_one_line_and_leaves_nothing(tmp_path, text_file, pause_at):  # noqa: F811
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-c", STARTUP_HOOK, "train", *causal_args(text_file, out, "--max_steps", "2")],
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "TEST_PAUSE_AT": pause_at}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert any(line.strip() == "PAUSED" for line in iter(process.stdout.readline, ""))
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == "interrupted before training started; nothing was written"
+    assert list(tmp_path.iterdir()) == []  # no output folder, no tokenizer staging folder
+
+
+def test_ctrl_c_while_the_libraries_load_ends_in_one_line(tmp_path):
+    process = subprocess.Popen([sys.executable, "-m", "hf_minitx", "train", "--output_dir", str(tmp_path / "run")],
+                               cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(0.5)  # importing torch and transformers takes seconds
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines() == ["interrupted while starting; nothing was written"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def short_run(text_file, tmp_path_factory) -> Path:  # noqa: F811
+    """A finished 2-step run with its checkpoint at step 2."""
+    out = tmp_path_factory.mktemp("short") / "run"
+    train_main(causal_args(text_file, out, "--max_steps", "2", "--checkpointing_steps", "2"))
+    return out
+
+
+def test_resuming_a_complete_run_changes_nothing(short_run, text_file, tmp_path, capsys):  # noqa: F811
+    run = tmp_path / "run"
+    shutil.copytree(short_run, run)
+    before = snapshot(run)
+    args = ["train", *causal_args(text_file, run, "--max_steps", "2", "--checkpointing_steps", "2",
+                                  "--resume_from_checkpoint", "latest")]
+    assert minitx(args) == 0
+    assert "already complete at step 2; nothing to do" in capsys.readouterr().out
+    assert snapshot(run) == before
+
+
+def test_damaged_run_marker_is_named(short_run, text_file, tmp_path, capsys):  # noqa: F811
+    run = tmp_path / "run"
+    shutil.copytree(short_run, run)
+    (run / ".minitx-run.json").write_text('{"command": ')
+    before = snapshot(run)
+    args = ["train", *causal_args(text_file, run, "--max_steps", "4", "--resume_from_checkpoint", "latest")]
+    assert minitx(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ".minitx-run.json is damaged" in err[0]
+    assert snapshot(run) == before
+
+
+def test_resuming_with_changed_settings_is_one_line(short_run, text_file, tmp_path, capsys):  # noqa: F811
+    run = tmp_path / "run"
+    shutil.copytree(short_run, run)
+    args = ["train", *causal_args(text_file, run, "--max_steps", "4", "--resume_from_checkpoint", "latest"),
+            "--block_size", "16", "--config_overrides", "hidden_size=64,intermediate_size=64,max_position_embeddings=64"]
+    assert minitx(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "block_size: checkpoint has 32, this run has 16" in err[0] and "hidden_size" in err[0]
+
+
+def test_error_messages_of_several_lines_are_printed_as_one(capsys):
+    from hf_minitx.cli import run_cli
+
+    def fails() -> None:
+        raise ValueError("first part:\n  second part\n\nthird part")
+
+    assert run_cli(fails) == 2
+    assert capsys.readouterr().err == "error: first part:; second part; third part\n"
+
+
+def test_resume_refuses_changed_input_data(tmp_path, text_file, capsys):  # noqa: F811
+    data, run = tmp_path / "mydata.txt", tmp_path / "run"
+    shutil.copy(text_file, data)
+    train_main(causal_args(data, run, "--max_steps", "2", "--checkpointing_steps", "2"))
+    data.write_text(" ".join(reversed(text_file.read_text().split())))  # other text, same words
+    before, _ = snapshot(run), capsys.readouterr()
+    args = ["train", *causal_args(data, run, "--max_steps", "4", "--checkpointing_steps", "2",
+                                  "--resume_from_checkpoint", "latest")]
+    assert minitx(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"input file {data} changed" in err[0]
+    assert snapshot(run) == before
