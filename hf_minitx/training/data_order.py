@@ -56,8 +56,3 @@ class StepIndexedBatchSampler(Sampler[list[int]]):
             rows = order[position * self.global_batch_size : (position + 1) * self.global_batch_size]
             yield rows[lo : lo + self.batch_size].tolist()
             index += 1
-
-
-def stack_rows(rows: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
-    """Collate rows of equal length (packed causal-LM blocks, toy-task sequences) into (batch, seq) tensors."""
-    return {key: torch.tensor([row[key] for row in rows], dtype=torch.long) for key in rows[0]}

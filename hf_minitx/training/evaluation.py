@@ -130,6 +130,7 @@ class TextEvaluation:
     seed: int = 0
     num_bytes: int | None = None  # causal LM: UTF-8 bytes of the validation text the loss covers
     whole_split: bool = True  # False when --max_eval_samples took a subset
+    rows: int = 0  # validation rows (blocks or pairs) the loss is taken over
     coverage: dict[str, Any] = field(default_factory=dict)  # what the last figures covered (for the summary)
 
     def __call__(self, model: torch.nn.Module, accelerator: Accelerator) -> tuple[dict[str, float], list[dict]]:
@@ -157,7 +158,7 @@ class TextEvaluation:
     def record_coverage(self, metrics: dict[str, float]) -> dict[str, Any]:
         """Move the coverage counts out of ``metrics``: rows, scored tokens and text bytes of the split."""
         counts = {key.removeprefix("eval_"): metrics.pop(key) for key in COVERAGE_KEYS if key in metrics}
-        coverage = {"split": "validation", "rows": len(getattr(self.loader, "dataset", ())), **counts,
+        coverage = {"split": "validation", "rows": self.rows, **counts,
                     "whole_split": self.whole_split}
         if self.sources:
             coverage["generation_pairs"] = len(self.sources)

@@ -263,6 +263,7 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
         eval_loader, plan.objective, tokenizer, prompts=data["prompts"], sources=data["sources"],
         references=data["references"], num_samples=train_args.num_sample_generations, seed=train_args.seed,
         num_bytes=data["num_bytes"], whole_split=plan.data_args.max_eval_samples is None and not plan.data_args.streaming,
+        rows=len(data["validation"]),
         generation={"max_new_tokens": plan.data_args.max_target_length, "num_beams": train_args.generation_num_beams,
                     "do_sample": False, "max_source_length": plan.data_args.max_source_length,
                     "batch_size": train_args.per_device_eval_batch_size * 4},

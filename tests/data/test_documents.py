@@ -250,6 +250,7 @@ def test_causal_folder_run_reports_honest_figures_and_its_tokenizer_encodes_like
     coverage = summary["evaluation"]
     assert coverage["whole_split"] and coverage["bytes"] == len(validation.encode("utf-8"))
     assert coverage["tokens"] == len(tokenizer(validation)["input_ids"]) + 1  # every token and the final EOS
+    assert coverage["rows"] == math.ceil(coverage["tokens"] / 63)  # blocks of 64 overlap by one: 63 new each
     reported = summary["final_metrics"]["eval_bits_per_byte"]
     assert reported == pytest.approx(independent_bits_per_byte(model, tokenizer, validation, 64), rel=0.02)
     assert f"{coverage['bytes']:,} UTF-8 bytes" in (out / "README.md").read_text()
