@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from ..folders import WRITTEN_BY, check_output_file, write_file
+from ..folders import HTML_TAG, check_output_file, html_written_by_us, write_file
 from ..inference import load_model_folder
 from ..model_files import read_safetensors_header
 from ..models.positions_minitx import rope_inverse_frequencies
@@ -39,7 +39,6 @@ from ..training.checkpoints import CHECKPOINT_PREFIX, MODEL_FILES, list_checkpoi
 from ..training.outputs import METRICS_FILE, SUMMARY_FILE, read_metrics
 from .model_reading import encode_text, parameter_counts, special_names
 
-GENERATOR_TAG = f'<meta name="generator" content="{WRITTEN_BY}">'  # marks a page minitx may replace
 LENS_TOP = 3  # tokens kept per layer and position in the logit lens
 CURVE_POSITIONS = 128  # positions drawn in the positional-encoding curves
 CURVE_DIMS = 6  # dimensions (or rotary pairs) drawn
@@ -332,17 +331,8 @@ def render_page(data: dict[str, Any]) -> str:
     template = resources.files("hf_minitx.tools").joinpath("explorer.html").read_text(encoding="utf-8")
     payload = json.dumps(data, separators=(",", ":"), ensure_ascii=True).replace("</", "<\\/")
     title = html.escape(f"{data['model']['name']}: {data['text'][:60]}")
-    return (template.replace("__GENERATOR__", GENERATOR_TAG).replace("__TITLE__", title)
+    return (template.replace("__GENERATOR__", HTML_TAG).replace("__TITLE__", title)
             .replace("__DATA__", payload))
-
-
-def written_by_us(path: Path) -> bool:
-    """Whether the page at ``path`` is one minitx wrote (so it may be replaced without --overwrite)."""
-    try:
-        with path.open(encoding="utf-8", errors="replace") as handle:
-            return GENERATOR_TAG in handle.read(2048)
-    except OSError:
-        return False
 
 
 def write_explorer(model_dir: str | Path, text: str, out: str | Path, **options: Any) -> Path:
@@ -359,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     (args,) = parse_arguments([ExploreArguments], argv, prog="minitx explore", description=__doc__.split("\n\n")[0])
     if not args.out.lower().endswith((".html", ".htm")):
         raise ValueError(f"--out must name an .html file, got {args.out}")
-    out = check_output_file(args.out, overwrite=args.overwrite, option="--out", is_ours=written_by_us)
+    out = check_output_file(args.out, overwrite=args.overwrite, option="--out", is_ours=html_written_by_us)
     path = write_explorer(args.model, args.text, out, target=args.target, run=args.run, top_k=args.top_k,
                           max_checkpoints=args.max_checkpoints)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")

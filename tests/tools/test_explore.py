@@ -15,6 +15,7 @@ from conftest import tiny_causal, tiny_config, tiny_seq2seq
 from safetensors.torch import load_file
 
 from hf_minitx.cli import main as minitx
+from hf_minitx.folders import html_written_by_us
 from hf_minitx.tools import explore
 
 TEXT = "5 9 7 4 12 6 15 8 3 11"
@@ -119,7 +120,7 @@ def test_seq2seq_has_encoder_decoder_and_cross_attention(tmp_path):
 def test_page_is_self_contained_and_carries_the_data(causal_run, tmp_path):
     out = explore.write_explorer(causal_run, TEXT, tmp_path / "page.html", run=str(causal_run))
     page = out.read_text()
-    assert explore.written_by_us(out)
+    assert html_written_by_us(out)
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page), "the page must load nothing"
     assert "@import" not in page and "fetch(" not in page
     payload = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', page, re.S).group(1)
@@ -187,5 +188,5 @@ def test_a_file_minitx_did_not_write_is_kept(causal_run, tmp_path, capsys):
     assert minitx(["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]) == 2
     assert out.read_text() == "my notes" and "--overwrite" in capsys.readouterr().err
     assert minitx(["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out), "--overwrite"]) == 0
-    assert explore.written_by_us(out)
+    assert html_written_by_us(out)
     assert minitx(["explore", "--model", str(causal_run), "--text", "5 6", "--out", str(out)]) == 0  # ours: replaced
