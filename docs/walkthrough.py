@@ -18,10 +18,10 @@
 # an encoder layer and a decoder layer, the two models, training on the copy task, generation, saving and
 # loading through Hugging Face's Auto classes, and a look inside with the explorer. Every step calls the
 # library's own functions and classes, and every number printed here comes from running it (CI runs this
-# notebook on a CPU in about a minute).
+# notebook on a CPU in under a minute).
 #
 # The source is `docs/walkthrough.py` (jupytext, percent format); `docs/walkthrough.ipynb` is built from it
-# with `jupytext --to ipynb docs/walkthrough.py`.
+# with `jupytext --to ipynb --update docs/walkthrough.py`.
 
 # %%
 import math
@@ -34,6 +34,7 @@ import hf_minitx  # registers the "minitx" model type with the Auto classes
 from hf_minitx import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration
 
 torch.manual_seed(0)
+torch.set_num_threads(1)  # models this small train fastest on one thread (and leave the other cores alone)
 torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
 workdir = Path(tempfile.mkdtemp(prefix="minitx-walkthrough-"))
 print("hf_minitx", hf_minitx.__version__, "· torch", torch.__version__)

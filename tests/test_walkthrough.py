@@ -23,7 +23,7 @@ def _sources(notebook) -> list[tuple[str, str]]:
 def test_the_notebook_is_built_from_its_source():
     built = jupytext.read(SOURCE)
     assert _sources(nbformat.read(NOTEBOOK, as_version=4)) == _sources(built), (
-        "docs/walkthrough.ipynb differs from docs/walkthrough.py; rebuild it: jupytext --to ipynb docs/walkthrough.py")
+        "docs/walkthrough.ipynb differs from docs/walkthrough.py; rebuild it: jupytext --to ipynb --update docs/walkthrough.py")
 
 
 def _printed(notebook) -> str:

@@ -157,3 +157,26 @@ def test_the_page_works_offline_from_a_copy(page, browser, tmp_path):
     layers, heads = page_data(page)["snapshots"][0]["attention"]["self"]["shape"][:2]
     assert len(maps) == layers * (heads + 1)
     assert not [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def test_seq2seq_page_shows_encoder_decoder_and_cross_attention(browser, tmp_path):
+    from conftest import tiny_seq2seq
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from hf_minitx.tools.explore import write_explorer
+
+    tiny_seq2seq().save_pretrained(tmp_path / "s2s")
+    page = write_explorer(tmp_path / "s2s", "5 6 7 8 9", tmp_path / "s2s.html", target="5 6 7")
+    browser.get(page.as_uri())
+    kind = Select(browser.find_element(By.ID, "kind"))
+    assert [o.get_attribute("value") for o in kind.options] == ["encoder", "decoder", "cross"]
+    focus = lambda: browser.find_elements(By.CSS_SELECTOR, "#focus .tok")  # noqa: E731
+    assert len(focus()) == 6  # encoder queries look at the 5 sources + EOS
+    kind.select_by_value("decoder")
+    assert len(focus()) == 4  # the decoder start + 3 targets
+    kind.select_by_value("cross")
+    assert len(focus()) == 6 and browser.find_element(By.CSS_SELECTOR, "#grid canvas").get_attribute("width") == str(6 * 25)
+    browser.find_element(By.CSS_SELECTOR, '#tokens .tok[data-side="src"][data-pos="2"]').click()
+    assert kind.first_selected_option.get_attribute("value") == "encoder"  # a source token asks the encoder
+    assert not [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
