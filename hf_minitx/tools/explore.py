@@ -155,12 +155,17 @@ def find_snapshots(model_dir: Path, run: str | None, most: int) -> list[Snapshot
 def load_snapshot(model: Any, snapshot: Snapshot, final_state: dict[str, torch.Tensor]) -> None:
     """Put the snapshot's weights into `model`; a tied tensor may be stored under either of its names."""
     state = final_state if snapshot.path is None else read_weights(snapshot.path)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    fix = "pass the --run that trained the --model"
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as error:  # tensors of other shapes: another model's checkpoint
+        detail = " ".join(str(error).split())[:200]
+        raise ValueError(f"{snapshot.path} does not match the model in --model ({detail}); {fix}") from None
     missing = [name for name in missing if name in final_state and not _twin_loaded(model, name, set(missing))]
     if missing or unexpected:
         names = ", ".join((missing + unexpected)[:3])
         raise ValueError(f"{snapshot.path} does not match the model in --model ({len(missing)} missing, "
-                         f"{len(unexpected)} unexpected tensors, e.g. {names}); pass the --run that trained this model")
+                         f"{len(unexpected)} unexpected tensors, e.g. {names}); {fix}")
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -153,7 +153,7 @@ def test_max_checkpoints_spreads_from_first_to_last():
 
 
 @pytest.mark.parametrize("case", ["not-a-model", "run-without-checkpoints", "text-too-long", "seq2seq-no-target",
-                                  "target-for-decoder-only", "not-html"])
+                                  "target-for-decoder-only", "not-html", "another-models-run", "damaged-checkpoint"])
 def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, capsys):
     out = tmp_path / "out" / "page.html"
     argv = ["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]
@@ -169,6 +169,14 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
     elif case == "seq2seq-no-target":
         tiny_seq2seq().save_pretrained(tmp_path / "s2s")
         argv[2], expected = str(tmp_path / "s2s"), "give the output text with --target"
+    elif case == "another-models-run":
+        _checkpoint(tmp_path / "other", 5, tiny_causal(hidden_size=48))
+        argv += ["--run", str(tmp_path / "other")]
+        expected = "does not match the model in --model"
+    elif case == "damaged-checkpoint":
+        (causal_run / "checkpoint-20" / "model.safetensors").write_bytes(b"\0" * 100)
+        argv += ["--run", str(causal_run)]
+        expected = "checkpoint-20/model.safetensors is corrupted"
     elif case == "target-for-decoder-only":
         argv += ["--target", "5 6"]
         expected = "--target is for encoder-decoder models"
