@@ -7,7 +7,7 @@ from transformers import PretrainedConfig
 
 HIDDEN_ACTS = ("gelu", "relu", "relu2", "swiglu")  # the feed-forwards of layers_minitx.ACTIVATIONS
 NORM_POSITIONS = ("pre", "post")
-NORM_TYPES = ("layernorm", "rmsnorm")  # the norms of layers_minitx.NORMS
+NORM_TYPES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}  # name -> how the card writes it; see layers_minitx.NORMS
 
 
 class PositionKind(NamedTuple):
@@ -163,8 +163,9 @@ class MiniTxConfig(PretrainedConfig):
             "position_embedding_type": POSITION_EMBEDDING_TYPES,
         }
         for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"MiniTxConfig.{name}={getattr(self, name)!r} is not supported; choose one of {allowed}.")
+            if getattr(self, name) not in tuple(allowed):
+                raise ValueError(f"MiniTxConfig.{name}={getattr(self, name)!r} is not supported; choose one of "
+                                 f"{tuple(allowed)}.")
         positive = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                     "intermediate_size", "max_position_embeddings"]
         if self.is_encoder_decoder:

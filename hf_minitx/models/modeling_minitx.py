@@ -439,6 +439,7 @@ class MiniTxLMHeadMixin:
             logger.warning_once(f"Every position of `{name}` is {IGNORE_INDEX} (ignored): the loss is 0, not NaN. "
                                 "Check the label masking (e.g. prompts longer than the block).")
             kwargs["num_items_in_batch"] = 1  # sum over no position (0) / 1
+        targets = targets.contiguous()  # a slice of a larger tensor is fine (the loss views it flat)
         labels, shift_labels = (None, targets) if aligned else (targets, None)
         return self.loss_function(logits, labels, self.config.vocab_size, shift_labels=shift_labels,
                                   ignore_index=IGNORE_INDEX, **kwargs)
