@@ -26,7 +26,7 @@ POSITION_KINDS = {
 POSITION_EMBEDDING_TYPES = tuple(POSITION_KINDS)
 IGNORE_INDEX = -100  # label value the loss skips (padding, prompt tokens)
 BOOL_FIELDS = ("attention_bias", "scale_embeddings", "tie_word_embeddings", "is_encoder_decoder", "use_cache",
-               "qk_norm", "zero_init_head")
+               "qk_norm", "zero_init_head", "zero_init_projections")
 FLOAT_FIELDS = ("rope_theta", "hidden_dropout", "attention_dropout", "layer_norm_eps", "initializer_range")
 
 
@@ -54,6 +54,8 @@ class MiniTxConfig(PretrainedConfig):
             right after their projections, before the rotary positions; in cross-attention too.
         zero_init_head: start the output projection (`lm_head`) at zero, so every first prediction is uniform;
             needs `tie_word_embeddings=False`.
+        zero_init_projections: start the output projection of every sub-layer (attention `o_proj`, feed-forward
+            `fc2`) at zero, so each block starts as the identity and the residual stream as the embeddings.
         final_logit_softcap: None, or a cap c > 0: logits = c * tanh(logits / c) stay inside (-c, c).
         position_embedding_type: "sinusoidal" (the paper), "learned" (GPT-2) or "rope" (rotary).
         rope_theta: base of the rotary frequencies.
@@ -86,6 +88,7 @@ class MiniTxConfig(PretrainedConfig):
     norm_type: str = "layernorm"
     qk_norm: bool = False
     zero_init_head: bool = False
+    zero_init_projections: bool = False
     final_logit_softcap: float | None = None
     position_embedding_type: str = "learned"
     rope_theta: float = 10000.0

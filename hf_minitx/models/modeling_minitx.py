@@ -145,6 +145,10 @@ class MiniTxPreTrainedModel(PreTrainedModel):
         std = self.config.initializer_range
         if module is getattr(self, "lm_head", None) and self.config.zero_init_head:
             init.zeros_(module.weight)  # every first prediction uniform: the loss starts at ln(vocab_size)
+        elif isinstance(module, nn.Linear) and self.config.zero_init_projections and getattr(module, "residual_output", False):
+            init.zeros_(module.weight)  # o_proj / fc2: each block starts as the identity
+            if module.bias is not None:
+                init.zeros_(module.bias)
         elif isinstance(module, nn.Linear):
             init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:

@@ -179,6 +179,27 @@ def test_zero_init_head_starts_uniform_and_learns(kind, make):
 
 
 @pytest.mark.parametrize(("kind", "make"), KINDS)
+def test_zero_init_projections_start_every_block_as_the_identity(kind, make):
+    model = make(zero_init_projections=True, hidden_act="swiglu")
+    outputs = [m for m in model.modules() if getattr(m, "residual_output", False)]
+    attentions = sum(hasattr(m, "o_proj") for m in model.modules())
+    assert len(outputs) == attentions + model.config.num_hidden_layers * (2 if kind == "seq2seq" else 1)
+    assert all(torch.equal(m.weight, torch.zeros_like(m.weight)) for m in outputs)
+    assert all(m.bias is None or not m.bias.any() for m in outputs)
+    assert model.model.decoder.layers[0].mlp.fc1.weight.abs().sum() > 0  # the inputs stay random
+    ids = random_ids(2, 6)
+    states = (model(ids, output_hidden_states=True).hidden_states if kind == "causal"
+              else model(ids, decoder_input_ids=ids, output_hidden_states=True).encoder_hidden_states)
+    for layer_output in states[1:-1]:  # unchanged by every block (the last one also passes the final norm)
+        torch.testing.assert_close(layer_output, states[0])
+    out = model(ids, labels=ids[:, :4] if kind == "seq2seq" else ids)
+    out.loss.backward()
+    decoder = [m for m in model.model.decoder.modules() if getattr(m, "residual_output", False)]
+    # the decoder's learn from the first step (an encoder waits one step: the cross-attention output is zero)
+    assert decoder and all(m.weight.grad.abs().sum() > 0 for m in decoder)
+
+
+@pytest.mark.parametrize(("kind", "make"), KINDS)
 def test_softcap_bounds_the_logits_by_the_cap(kind, make):
     model = make(tie_word_embeddings=False, final_logit_softcap=2.0)
     with torch.no_grad():
@@ -229,7 +250,8 @@ ROUND_TRIP_OPTIONS = {
     "qk-norm": dict(qk_norm=True),
     "zero-head": dict(tie_word_embeddings=False, zero_init_head=True),
     "softcap": dict(final_logit_softcap=0.5),
-    "all": dict(ALL_OPTIONS, zero_init_head=True, position_embedding_type="rope"),
+    "zero-projections": dict(zero_init_projections=True),
+    "all": dict(ALL_OPTIONS, zero_init_head=True, zero_init_projections=True, position_embedding_type="rope"),
 }
 
 CLEAN_LOGITS_SCRIPT = textwrap.dedent(
@@ -260,8 +282,9 @@ def test_every_option_round_trips_through_remote_code_with_identical_logits(tmp_
     for name, options in ROUND_TRIP_OPTIONS.items():
         for kind, make in KINDS:
             model = make(**options)
-            with torch.no_grad():  # as after training: a zero head would hide a head that fails to load
-                model.lm_head.weight.add_(torch.randn_like(model.lm_head.weight))
+            with torch.no_grad():  # as after training: a weight left at its zero start would hide one not loaded
+                for param in model.parameters():
+                    param.add_(0.1 * torch.randn_like(param))
             folder = tmp_path / f"{name}-{kind}"
             model.save_pretrained(folder)
             with torch.no_grad():
