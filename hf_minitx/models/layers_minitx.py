@@ -89,9 +89,9 @@ class MiniTxAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
         self.o_proj.residual_output = True  # writes into the residual stream (see config.zero_init_projections)
-        # QK-norm: per-head norms of queries and keys (identity when off, so no parameters and no saved keys)
-        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
-        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
+        # QK-norm: per-head norms of queries and keys (None when off: no parameters, no saved keys, no call)
+        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else None
+        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else None
 
     def _heads(self, projection: nn.Linear, states: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
         """Project (batch, seq, hidden) states and split the heads; `norm` (QK-norm) acts on each head."""

@@ -48,7 +48,7 @@ def test_config_without_the_new_fields_loads_with_the_old_behaviour(tmp_path):
     model = tiny_causal()
     model.save_pretrained(tmp_path)
     stored = json.loads((tmp_path / "config.json").read_text())
-    for name in ("norm_type", "qk_norm", "zero_init_head", "final_logit_softcap"):
+    for name in ("norm_type", "qk_norm", "zero_init_head", "zero_init_projections", "final_logit_softcap"):
         stored.pop(name)  # a folder written before these options existed
     (tmp_path / "config.json").write_text(json.dumps(stored))
     loaded = type(model).from_pretrained(tmp_path).eval()
