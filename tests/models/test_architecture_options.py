@@ -1,4 +1,4 @@
-"""The architecture options: RMSNorm, ReLU² and SwiGLU, QK-norm, a zero-initialised untied head, a logit soft
+"""The architecture options: RMSNorm, ReLU² and SwiGLU, QK-norm, zero-initialised projections and untied head, a logit soft
 cap. Each one's behaviour, its seam, its config errors, generation parity and the clean-environment round trip.
 (Forward parity, eager == sdpa, padded == alone, cached == full, runs on them in test_modeling.py; the
 common contracts in test_contracts.py.)"""
