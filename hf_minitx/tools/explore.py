@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -332,12 +333,18 @@ def explore_data(model_dir: str | Path, text: str, *, target: str | None = None,
 
 
 def render_page(data: dict[str, Any]) -> str:
-    """The HTML page: the template with the data inlined as JSON (``</`` escaped so it cannot close the tag)."""
+    """The HTML page: the template with the data inlined as JSON.
+
+    ``<``, ``>`` and ``&`` are written as JSON escapes, so no text (``</script>``, ``<!--<script>``) can end
+    or reshape the data block; the placeholders are filled in one pass, so a text naming one stays text.
+    """
     template = resources.files("hf_minitx.tools").joinpath("explorer.html").read_text(encoding="utf-8")
-    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=True).replace("</", "<\\/")
-    title = html.escape(f"{data['model']['name']}: {data['text'][:60]}")
-    return (template.replace("__GENERATOR__", HTML_TAG).replace("__TITLE__", title)
-            .replace("__DATA__", payload))
+    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=True)
+    for char in "<>&":
+        payload = payload.replace(char, f"\\u{ord(char):04x}")  # only inside JSON strings: same value
+    parts = {"GENERATOR": HTML_TAG, "TITLE": html.escape(f"{data['model']['name']}: {data['text'][:60]}"),
+             "DATA": payload}
+    return re.sub(r"__(GENERATOR|TITLE|DATA)__", lambda match: parts[match.group(1)], template)
 
 
 def write_explorer(model_dir: str | Path, text: str, out: str | Path, **options: Any) -> Path:

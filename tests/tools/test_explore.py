@@ -4,6 +4,7 @@ the page is self-contained and small, and bad input ends in one line, exit 2 and
 from __future__ import annotations
 
 import base64
+import html
 import json
 import re
 from pathlib import Path
@@ -127,10 +128,29 @@ def test_page_is_self_contained_and_carries_the_data(causal_run, tmp_path):
     assert json.loads(payload.replace("<\\/", "</"))["text"] == TEXT
 
 
-def test_a_text_that_would_close_the_script_tag_stays_data(tmp_path):
-    page = explore.render_page({"text": "</script><b>", "model": {"name": "m"}})
-    assert "</script><b>" not in page.split('id="explorer-data">')[1].split("</script>")[0]
-    assert page.count("</script>") == 2  # the data block's and the program's
+@pytest.mark.parametrize("text", ["</script><b>", "<!--<script> a", "__DATA__ __TITLE__", "x & y > z"])
+def test_a_text_that_would_reshape_the_page_stays_data(text):
+    page = explore.render_page({"text": text, "model": {"name": "m"}, "vocab": {"3": text}})
+    head, rest = page.split('<script type="application/json" id="explorer-data">')
+    payload, program = rest.split("</script>", 1)
+    assert not re.search("[<>&]", payload), "'<!--<script>' in a script block would swallow the program"
+    assert json.loads(payload) == {"text": text, "model": {"name": "m"}, "vocab": {"3": text}}
+    assert page.count("</script>") == 2 and "const D = JSON.parse" in program  # the data block's and the program's
+    assert re.search(r"<title>(.*)</title>", head).group(1) == html.escape(f"m: {text}")
+
+
+def test_too_long_text_through_a_tokenizer_is_one_line(tmp_path, capfd):
+    from hf_minitx.data.tokenizer import train_bpe_tokenizer
+
+    tokenizer = train_bpe_tokenizer(["the fox and the dog"] * 20, vocab_size=300, model_max_length=64)
+    tiny_causal(vocab_size=len(tokenizer)).save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    capfd.readouterr()
+    out = tmp_path / "page.html"
+    assert minitx(["explore", "--model", str(tmp_path / "m"), "--text", "fox " * 70, "--out", str(out)]) == 2
+    err = capfd.readouterr().err  # the tokenizer's own warning about the length would be a second line
+    assert re.match(r"error: --text takes \d+ tokens but the model has 64 positions", err) and err.count("\n") == 1, err
+    assert not out.exists()
 
 
 def test_six_layers_64_tokens_and_twelve_checkpoints_stay_under_5_mb(tmp_path):
