@@ -173,7 +173,8 @@ def test_max_checkpoints_spreads_from_first_to_last():
 
 
 @pytest.mark.parametrize("case", ["not-a-model", "run-without-checkpoints", "text-too-long", "seq2seq-no-target",
-                                  "target-for-decoder-only", "not-html", "another-models-run", "damaged-checkpoint"])
+                                  "target-for-decoder-only", "not-html", "another-models-run", "damaged-checkpoint",
+                                  "out-under-a-file"])
 def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, capsys):
     out = tmp_path / "out" / "page.html"
     argv = ["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]
@@ -197,6 +198,10 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
         (causal_run / "checkpoint-20" / "model.safetensors").write_bytes(b"\0" * 100)
         argv += ["--run", str(causal_run)]
         expected = "checkpoint-20/model.safetensors is corrupted"
+    elif case == "out-under-a-file":
+        (tmp_path / "notes.txt").write_text("mine")
+        out = tmp_path / "notes.txt" / "sub" / "page.html"
+        argv[6], expected = str(out), "which is a file; choose another path"
     elif case == "target-for-decoder-only":
         argv += ["--target", "5 6"]
         expected = "--target is for encoder-decoder models"
@@ -207,7 +212,7 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
     assert minitx(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and expected in err, err
-    assert not out.parent.exists()
+    assert not out.parent.exists() and not (tmp_path / "out").exists()
 
 
 def test_a_file_minitx_did_not_write_is_kept(causal_run, tmp_path, capsys):
