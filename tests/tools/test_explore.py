@@ -223,3 +223,13 @@ def test_a_file_minitx_did_not_write_is_kept(causal_run, tmp_path, capsys):
     assert minitx(["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out), "--overwrite"]) == 0
     assert html_written_by_us(out)
     assert minitx(["explore", "--model", str(causal_run), "--text", "5 6", "--out", str(out)]) == 0  # ours: replaced
+
+
+def test_rotary_models_draw_their_frequencies(tmp_path):
+    from hf_minitx.models.positions_minitx import rope_inverse_frequencies
+
+    tiny_causal(position_embedding_type="rope").save_pretrained(tmp_path / "rope")
+    positions = explore.explore_data(tmp_path / "rope", "5 6 7")["model"]["positions"]
+    inv_freq = rope_inverse_frequencies(tiny_config().head_dim, tiny_config().rope_theta)  # head_dim 8: 4 pairs
+    assert positions["kind"] == "rope" and positions["labels"] == [f"pair {i}" for i in range(len(inv_freq))]
+    assert positions["values"][1][:4] == pytest.approx(torch.cos(torch.arange(4.0) * inv_freq[1]).tolist(), abs=6e-4)
