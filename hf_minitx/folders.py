@@ -183,10 +183,14 @@ def move_files_into(source: Path, folder: Path, *, last: str | None = None) -> N
 
 
 def check_output_file(path: str | Path, *, overwrite: bool, option: str, is_ours: Callable[[Path], bool]) -> Path:
-    """Refuse a folder, or an existing file we did not write, unless ``overwrite``. Returns the path."""
+    """Refuse a folder, a path under a file, or an existing file we did not write, unless ``overwrite``.
+    Returns the path (its missing parent folders are made when it is written)."""
     out = Path(path)
     if out.is_dir():
         raise IsADirectoryError(f"{option} {out} is a folder; give a file path")
+    blocking = next((parent for parent in out.parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise NotADirectoryError(f"{option} {out} lies under {blocking}, which is a file; choose another path")
     if out.exists() and not overwrite and not is_ours(out):
         raise FileExistsError(
             f"{option} {out} exists and was not written by minitx; pass --overwrite to replace it, or choose "

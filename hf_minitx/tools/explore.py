@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -117,13 +118,12 @@ def final_step(model_dir: Path) -> int | None:
 
 
 def spread(items: Sequence[Any], most: int) -> list[Any]:
-    """At most `most` of `items`, evenly spread, keeping the first and the last."""
+    """At most `most` of `items`, evenly spread, keeping the first and the last (only the last when most is 1)."""
     if len(items) <= most:
         return list(items)
     if most < 2:
         return list(items[-1:])
-    picks = sorted({round(i * (len(items) - 1) / (most - 1)) for i in range(most)})
-    return [items[i] for i in picks]
+    return [items[round(i * (len(items) - 1) / (most - 1))] for i in range(most)]
 
 
 def find_snapshots(model_dir: Path, run: str | None, most: int) -> list[Snapshot]:
@@ -249,12 +249,12 @@ def position_curves(model: Any) -> dict[str, Any]:
     stack = model.model.encoder if config.is_encoder_decoder else model.model.decoder
     if config.position_embedding_type == "rope":
         inv_freq = rope_inverse_frequencies(config.head_dim, config.rope_theta)
-        pairs = sorted({round(i * (len(inv_freq) - 1) / (CURVE_DIMS - 1)) for i in range(CURVE_DIMS)})
+        pairs = spread(range(len(inv_freq)), CURVE_DIMS)
         angles = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq[pairs]  # (positions, pairs)
         return {"kind": "rope", "title": "rotary: cos(position x frequency) of a few channel pairs",
                 "labels": [f"pair {p}" for p in pairs], "values": _rounded(torch.cos(angles).T)}
     table = stack.embed_positions.weight.detach()[:length].float()  # (positions, hidden)
-    dims = sorted({round(i * (config.hidden_size - 1) / (CURVE_DIMS - 1)) for i in range(CURVE_DIMS)})
+    dims = spread(range(config.hidden_size), CURVE_DIMS)
     return {"kind": config.position_embedding_type,
             "title": f"{config.position_embedding_type} position vectors: a few dimensions",
             "labels": [f"dim {d}" for d in dims], "values": _rounded(table[:, dims].T)}
@@ -332,12 +332,18 @@ def explore_data(model_dir: str | Path, text: str, *, target: str | None = None,
 
 
 def render_page(data: dict[str, Any]) -> str:
-    """The HTML page: the template with the data inlined as JSON (``</`` escaped so it cannot close the tag)."""
+    """The HTML page: the template with the data inlined as JSON.
+
+    ``<``, ``>`` and ``&`` are written as JSON escapes, so no text (``</script>``, ``<!--<script>``) can end
+    or reshape the data block; the placeholders are filled in one pass, so a text naming one stays text.
+    """
     template = resources.files("hf_minitx.tools").joinpath("explorer.html").read_text(encoding="utf-8")
-    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=True).replace("</", "<\\/")
-    title = html.escape(f"{data['model']['name']}: {data['text'][:60]}")
-    return (template.replace("__GENERATOR__", HTML_TAG).replace("__TITLE__", title)
-            .replace("__DATA__", payload))
+    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=True)
+    for char in "<>&":
+        payload = payload.replace(char, f"\\u{ord(char):04x}")  # only inside JSON strings: same value
+    parts = {"GENERATOR": HTML_TAG, "TITLE": html.escape(f"{data['model']['name']}: {data['text'][:60]}"),
+             "DATA": payload}
+    return re.sub(r"__(GENERATOR|TITLE|DATA)__", lambda match: parts[match.group(1)], template)
 
 
 def write_explorer(model_dir: str | Path, text: str, out: str | Path, **options: Any) -> Path:

@@ -26,7 +26,7 @@ def encode_text(text: str, tokenizer: Any | None, config: Any) -> list[int]:
     if not text or not text.strip():
         raise ValueError("The text to inspect is empty; pass some words (or token ids for a model without tokenizer).")
     if tokenizer is not None:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # the caller checks length
     else:
         try:
             ids = [int(word) for word in text.split()]

@@ -294,6 +294,9 @@ def test_push_shares_an_explorer_page_on_request_and_the_card_links_it(causal_co
     assert "[explore.html](explore.html)" in (staging / "README.md").read_text()
     plain = stage_for_upload(causal_copy, tmp_path / "without")
     assert not (plain / "explore.html").exists() and "explore.html" not in (plain / "README.md").read_text()
+    (causal_copy / "training_summary.json").unlink(missing_ok=True)  # a folder saved without training
+    bare = stage_for_upload(causal_copy, tmp_path / "bare", explorer=page)
+    assert "[explore.html](explore.html)" in (bare / "README.md").read_text()
 
     other = tmp_path / "other.html"
     other.write_text("<html><body>someone else's page</body></html>")

@@ -4,6 +4,7 @@ the page is self-contained and small, and bad input ends in one line, exit 2 and
 from __future__ import annotations
 
 import base64
+import html
 import json
 import re
 from pathlib import Path
@@ -127,10 +128,29 @@ def test_page_is_self_contained_and_carries_the_data(causal_run, tmp_path):
     assert json.loads(payload.replace("<\\/", "</"))["text"] == TEXT
 
 
-def test_a_text_that_would_close_the_script_tag_stays_data(tmp_path):
-    page = explore.render_page({"text": "</script><b>", "model": {"name": "m"}})
-    assert "</script><b>" not in page.split('id="explorer-data">')[1].split("</script>")[0]
-    assert page.count("</script>") == 2  # the data block's and the program's
+@pytest.mark.parametrize("text", ["</script><b>", "<!--<script> a", "__DATA__ __TITLE__", "x & y > z"])
+def test_a_text_that_would_reshape_the_page_stays_data(text):
+    page = explore.render_page({"text": text, "model": {"name": "m"}, "vocab": {"3": text}})
+    head, rest = page.split('<script type="application/json" id="explorer-data">')
+    payload, program = rest.split("</script>", 1)
+    assert not re.search("[<>&]", payload), "'<!--<script>' in a script block would swallow the program"
+    assert json.loads(payload) == {"text": text, "model": {"name": "m"}, "vocab": {"3": text}}
+    assert page.count("</script>") == 2 and "const D = JSON.parse" in program  # the data block's and the program's
+    assert re.search(r"<title>(.*)</title>", head).group(1) == html.escape(f"m: {text}")
+
+
+def test_too_long_text_through_a_tokenizer_is_one_line(tmp_path, capfd):
+    from hf_minitx.data.tokenizer import train_bpe_tokenizer
+
+    tokenizer = train_bpe_tokenizer(["the fox and the dog"] * 20, vocab_size=300, model_max_length=64)
+    tiny_causal(vocab_size=len(tokenizer)).save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    capfd.readouterr()
+    out = tmp_path / "page.html"
+    assert minitx(["explore", "--model", str(tmp_path / "m"), "--text", "fox " * 70, "--out", str(out)]) == 2
+    err = capfd.readouterr().err  # the tokenizer's own warning about the length would be a second line
+    assert re.match(r"error: --text takes \d+ tokens but the model has 64 positions", err) and err.count("\n") == 1, err
+    assert not out.exists()
 
 
 def test_six_layers_64_tokens_and_twelve_checkpoints_stay_under_5_mb(tmp_path):
@@ -153,7 +173,8 @@ def test_max_checkpoints_spreads_from_first_to_last():
 
 
 @pytest.mark.parametrize("case", ["not-a-model", "run-without-checkpoints", "text-too-long", "seq2seq-no-target",
-                                  "target-for-decoder-only", "not-html", "another-models-run", "damaged-checkpoint"])
+                                  "target-for-decoder-only", "not-html", "another-models-run", "damaged-checkpoint",
+                                  "out-under-a-file"])
 def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, capsys):
     out = tmp_path / "out" / "page.html"
     argv = ["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]
@@ -177,6 +198,10 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
         (causal_run / "checkpoint-20" / "model.safetensors").write_bytes(b"\0" * 100)
         argv += ["--run", str(causal_run)]
         expected = "checkpoint-20/model.safetensors is corrupted"
+    elif case == "out-under-a-file":
+        (tmp_path / "notes.txt").write_text("mine")
+        out = tmp_path / "notes.txt" / "sub" / "page.html"
+        argv[6], expected = str(out), "which is a file; choose another path"
     elif case == "target-for-decoder-only":
         argv += ["--target", "5 6"]
         expected = "--target is for encoder-decoder models"
@@ -187,7 +212,7 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
     assert minitx(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and expected in err, err
-    assert not out.parent.exists()
+    assert not out.parent.exists() and not (tmp_path / "out").exists()
 
 
 def test_a_file_minitx_did_not_write_is_kept(causal_run, tmp_path, capsys):
@@ -198,3 +223,13 @@ def test_a_file_minitx_did_not_write_is_kept(causal_run, tmp_path, capsys):
     assert minitx(["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out), "--overwrite"]) == 0
     assert html_written_by_us(out)
     assert minitx(["explore", "--model", str(causal_run), "--text", "5 6", "--out", str(out)]) == 0  # ours: replaced
+
+
+def test_rotary_models_draw_their_frequencies(tmp_path):
+    from hf_minitx.models.positions_minitx import rope_inverse_frequencies
+
+    tiny_causal(position_embedding_type="rope").save_pretrained(tmp_path / "rope")
+    positions = explore.explore_data(tmp_path / "rope", "5 6 7")["model"]["positions"]
+    inv_freq = rope_inverse_frequencies(tiny_config().head_dim, tiny_config().rope_theta)  # head_dim 8: 4 pairs
+    assert positions["kind"] == "rope" and positions["labels"] == [f"pair {i}" for i in range(len(inv_freq))]
+    assert positions["values"][1][:4] == pytest.approx(torch.cos(torch.arange(4.0) * inv_freq[1]).tolist(), abs=6e-4)

