@@ -22,7 +22,9 @@ flag is computed row by row, so it works the same for a streaming ``IterableData
 
 from __future__ import annotations
 
+import functools
 import glob
+import logging
 import math
 import os
 from collections.abc import Iterable, Iterator
@@ -52,6 +54,8 @@ __all__ = [
     "preprocess_seq2seq",
     "seq2seq_collator",
 ]
+
+logger = logging.getLogger(__name__)
 
 TASKS = ("causal-lm", "seq2seq")
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -272,7 +276,26 @@ def _local_files(dataset: str) -> list[str] | None:
         files.extend(matches)
     if len(files) == 1 and os.path.isdir(files[0]):  # pragma: no cover - folders handled above
         return None
-    return files
+    return _read_once(dataset, files)
+
+
+def _read_once(dataset: str, files: list[str]) -> list[str]:
+    """``files`` without repeats (the same real path listed twice, or matched by a glob and another entry):
+    a file read twice could put the same text in training and validation. The first listing is kept."""
+    seen: dict[str, str] = {}
+    for path in files:
+        seen.setdefault(os.path.realpath(path), path)
+    unique = list(seen.values())
+    if len(unique) < len(files):
+        _note_repeats(dataset, len(files) - len(unique))
+    return unique
+
+
+@functools.cache
+def _note_repeats(dataset: str, repeats: int) -> None:
+    """Say once per --dataset that repeated files are read once."""
+    logger.warning("note: --dataset %r lists %d file(s) more than once (directly or through a glob); each file "
+                   "is read once", dataset, repeats)
 
 
 def local_inputs(dataset: str) -> list[Path]:
