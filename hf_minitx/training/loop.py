@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from ..cli import EXIT_INTERRUPTED, Interrupted
+from ..data.corpus import REPLACED_BYTES, UndecodableText
 from ..data.streaming import PackedBlockStream
 from ..device import describe_hardware
 from ..folders import PARTIAL_SUFFIX, move_files_into
@@ -236,6 +237,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
         "hub_dataset": is_hub_dataset(data_args.dataset), **run_summary(run, state, outcome),
         "evaluation": run.evaluation.coverage,
         "preset": model_args.preset, "seed": train_args.seed, "config_overrides": model_args.config_overrides,
+        **({"bad_bytes_replaced": dict(REPLACED_BYTES)} if data_args.skip_bad_rows else {}),
     }
     received = finish(run, tokenizer, summary,
                       max_new_tokens=data_args.max_target_length if not plan.objective.shift else 128,
@@ -358,7 +360,7 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
     with StopSignals() as signals:
         while state.step < settings.total_steps:
             untrained = run.stream.state_dict() if run.stream is not None else None  # before the window is drawn
-            window = [next(run.batches) for _ in range(settings.accumulation_steps)]
+            window = draw_window(run, state, untrained)
             window = [{k: v.to(accelerator.device) for k, v in batch.items()} for batch in window]
             time_up = settings.max_seconds is not None and time.perf_counter() - start > settings.max_seconds
             counts = count_window(run, window, time_up=time_up, interrupted=signals.received is not None)
@@ -389,6 +391,19 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
                 outcome.checkpoint = checkpoint_of_last_step(run, state, untrained)
     outcome.cpu_seconds = time.process_time() - cpu_start
     return outcome
+
+
+def draw_window(run: TrainingRun, state: RunState, untrained: dict[str, Any] | None) -> list[dict[str, torch.Tensor]]:
+    """The next accumulation window of micro-batches. Text that cannot be decoded (a streamed file) saves the
+    checkpoint of the last trained step first, and the error says how to go on from there."""
+    try:
+        return [next(run.batches) for _ in range(run.settings.accumulation_steps)]
+    except UndecodableText as error:
+        checkpoint = checkpoint_of_last_step(run, state, untrained)
+        if checkpoint is None:
+            raise
+        raise UndecodableText(f"{error}. Training stopped after step {state.step} and saved {checkpoint}: resume it "
+                              "with the same command plus --skip_bad_rows --resume_from_checkpoint latest") from None
 
 
 def stop_wished(run: TrainingRun, received: int | None) -> bool:

@@ -384,7 +384,7 @@ def load_training_corpus(plan: RunPlan) -> Any:
         text_column=data_args.text_column, source_column=data_args.source_column,
         target_column=data_args.target_column, validation_split=validation_split_value(data_args.validation_split),
         seed=plan.train_args.seed, num_examples=data_args.num_examples, sample_by=data_args.sample_by,
-        streaming=data_args.streaming,
+        streaming=data_args.streaming, skip_bad_rows=data_args.skip_bad_rows,
     )
 
 
