@@ -198,7 +198,7 @@ class UndecodableText(ValueError):
     """A text file holds bytes that are not UTF-8 (the message names the file, the byte offset and the fix)."""
 
 
-REPLACED_BYTES: dict[str, int] = {}  # --skip_bad_rows: undecodable byte sequences replaced, per file read whole
+REPLACED_BYTES: dict[str, int] = {}  # --skip_bad_rows: undecodable byte sequences replaced, per file (one pass)
 _replaced = [0]
 
 
@@ -218,15 +218,16 @@ def _text_file_rows(files: list[str], sample_by: str, chunk_chars: int, skip_bad
         try:
             with xopen(path, "r", encoding="utf-8", newline="",
                        errors="minitx-replace" if skip_bad_rows else "strict") as handle:
-                yield from rows_from_lines(handle, sample_by, chunk_chars)
+                for row in rows_from_lines(handle, sample_by, chunk_chars):
+                    if _replaced[0] > before:  # a file read again (next epoch) is not counted twice
+                        REPLACED_BYTES[str(path)] = max(REPLACED_BYTES.get(str(path), 0), _replaced[0] - before)
+                    yield row
         except UnicodeDecodeError as error:
             offset = _first_bad_byte(path)
             raise UndecodableText(
                 f"{path} is not UTF-8 text: the byte at offset {offset if offset is not None else '?'} cannot be "
                 f"decoded ({error.reason}); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8), or pass "
                 "--skip_bad_rows to replace undecodable bytes with U+FFFD") from None
-        if _replaced[0] > before:
-            REPLACED_BYTES[str(path)] = _replaced[0] - before
 
 
 def _first_bad_byte(path: str) -> int | None:
