@@ -289,6 +289,7 @@ def test_a_truncated_stream_position_is_named(corpus, tmp_path, capsys):  # noqa
     train_main(stream_args(corpus, out, "--max_steps", "2", "--checkpointing_steps", "2"))
     position = out / "checkpoint-2" / "stream_state_0.npz"
     position.write_bytes(position.read_bytes()[:50])
+    capsys.readouterr()
     assert minitx(["train", *stream_args(corpus, out, "--max_steps", "4", "--resume_from_checkpoint", "latest")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{position} cannot be read (BadZipFile" in err[0]
