@@ -8,14 +8,24 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from accelerate import Accelerator
-from test_safety import assert_same_weights, has_a_train_record, run_hooked, snapshot
+from test_safety import (  # noqa: F401  (_fresh_accelerate_state is an autouse fixture)
+    REPO,
+    _fresh_accelerate_state,
+    assert_same_weights,
+    has_a_train_record,
+    run_hooked,
+    snapshot,
+)
 from test_streaming_train import corpus, stream_args  # noqa: F401  (corpus is a fixture)
 from test_train import causal_args, records, seq2seq_args, text_file  # noqa: F401  (text_file is a fixture)
 
@@ -52,15 +62,6 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-
-
 @pytest.fixture(scope="module")
 def five_steps(text_file, tmp_path_factory) -> Path:  # noqa: F811
     """An uninterrupted 5-step run (checkpoints at 2 and 4)."""
@@ -69,13 +70,7 @@ def five_steps(text_file, tmp_path_factory) -> Path:  # noqa: F811
     return out
 
 
-def run_paused(args: list[str], where: str):
-    import os
-    import subprocess
-    import sys
-
-    from test_safety import REPO
-
+def run_paused(args: list[str], where: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", PAUSE_HOOK, *args], cwd=REPO, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "TEST_PAUSE_IN": where},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
