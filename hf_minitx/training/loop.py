@@ -190,6 +190,28 @@ class StopSignals:
               file=sys.stderr, flush=True)
 
 
+class TermDuringSetup:
+    """SIGTERM before the first step stops like Ctrl-C (a KeyboardInterrupt), so that setup is abandoned cleanly
+    instead of the process dying with half-written staging folders."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self.previous: Any = None
+
+    def __enter__(self) -> TermDuringSetup:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self.handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+    def handle(self, signum: int, frame: object) -> None:
+        self.received = True
+        raise KeyboardInterrupt
+
+
 @dataclass
 class Interval:
     """Loss and token counts since the last train record."""
@@ -213,15 +235,16 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
 
     Ctrl-C before the first step (imports, data, tokenizer) leaves nothing half-written; a resumed run that
     is already complete writes nothing."""
-    plan = None
+    plan, terminated = None, TermDuringSetup()
     try:
-        plan = plan_run(model_args, data_args, train_args)  # every check that needs no data
-        run, tokenizer, state = setup(plan)
+        with terminated:
+            plan = plan_run(model_args, data_args, train_args)  # every check that needs no data
+            run, tokenizer, state = setup(plan)
     except AlreadyComplete as done:
         print(done)
         return Path(train_args.output_dir)
     except KeyboardInterrupt:
-        raise Interrupted(abandon_setup(plan), EXIT_INTERRUPTED) from None
+        raise Interrupted(abandon_setup(plan), 128 + signal.SIGTERM if terminated.received else EXIT_INTERRUPTED) from None
     except BaseException:
         if plan is not None:  # a failure after the tokenizer was trained leaves no hidden staging folder
             shutil.rmtree(tokenizer_staging(plan), ignore_errors=True)

@@ -20,6 +20,7 @@ import pytest
 from accelerate import Accelerator
 from test_safety import (  # noqa: F401  (_fresh_accelerate_state is an autouse fixture)
     REPO,
+    STARTUP_HOOK,
     _fresh_accelerate_state,
     assert_same_weights,
     has_a_train_record,
@@ -114,6 +115,19 @@ def test_signal_during_the_final_save_completes_it(text_file, tmp_path, capsys):
     args = ["train", *causal_args(text_file, out, *FIVE, "--resume_from_checkpoint", "latest")]
     assert minitx(args) == 0  # the same command resumed: nothing left to do
     assert "already complete at step 5" in capsys.readouterr().out
+
+
+def test_sigterm_during_startup_ends_in_one_line_and_leaves_nothing(tmp_path, text_file):  # noqa: F811
+    process = subprocess.Popen(
+        [sys.executable, "-c", STARTUP_HOOK, "train", *causal_args(text_file, tmp_path / "run", "--max_steps", "2")],
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "TEST_PAUSE_AT": "staged"}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert any(line.strip() == "PAUSED" for line in iter(process.stdout.readline, ""))
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr
+    assert stderr.strip().splitlines()[-1] == "interrupted before training started; nothing was written"
+    assert list(tmp_path.iterdir()) == []  # no output folder, no tokenizer staging folder
 
 
 def _full_disk_in(name: str):
