@@ -357,3 +357,17 @@ def test_fp16_on_a_cpu_is_recorded_as_what_ran(tmp_path, text_file, capsys):  # 
     assert "training runs in fp32" in capsys.readouterr().out
     assert json.loads((out / "training_summary.json").read_text())["mixed_precision"] == "no"
     assert "| Mixed precision | none (fp32) |" in (out / "README.md").read_text()
+
+
+def test_bad_bytes_in_a_text_file_read_in_memory_are_named_or_replaced(tmp_path):
+    from hf_minitx.data.corpus import UndecodableText
+
+    path = tmp_path / "latin.txt"
+    text = "".join(f"line {i} of some text\n" for i in range(50)).encode()
+    path.write_bytes(text[:300] + "café".encode("latin-1") + text[300:])
+    offset = 300 + len(b"caf")
+    with pytest.raises(UndecodableText, match=f"{path} is not UTF-8 text: the byte at offset {offset} "):
+        load_corpus(str(path))
+    loaded = load_corpus(str(path), skip_bad_rows=True)
+    texts = "".join([*loaded["train"]["text"], *loaded["validation"]["text"]])
+    assert "caf\ufffd" in texts and len(texts) == len(text) + 4
