@@ -22,7 +22,10 @@ flag is computed row by row, so it works the same for a streaming ``IterableData
 
 from __future__ import annotations
 
+import codecs
+import functools
 import glob
+import logging
 import math
 import os
 from collections.abc import Iterable, Iterator
@@ -53,6 +56,8 @@ __all__ = [
     "seq2seq_collator",
 ]
 
+logger = logging.getLogger(__name__)
+
 TASKS = ("causal-lm", "seq2seq")
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 VALIDATION_ALIASES = ("validation", "valid", "val", "dev")
@@ -78,6 +83,7 @@ def load_corpus(
     streaming: bool = False,
     num_examples: int | None = None,
     sample_by: str = "document",
+    skip_bad_rows: bool = False,
 ) -> DatasetDict | IterableDatasetDict:
     """Load ``dataset`` (builtin name, local file(s) or Hub id) as normalised train/validation splits.
 
@@ -86,7 +92,9 @@ def load_corpus(
     or paragraphs/lines with ``sample_by``) go to one side; a corpus of one document gives the last
     fraction of its lines. ``sample_by`` says what ends a causal-LM sample (module docstring).
     ``num_examples`` sizes the generated built-in tasks. With ``streaming=True`` nothing is loaded in
-    memory, an ``IterableDatasetDict`` is returned and validation is carved by rows.
+    memory, an ``IterableDatasetDict`` is returned and validation is carved by rows. Bytes of a text file that
+    are not UTF-8 raise ``UndecodableText`` naming the file and the offset; ``skip_bad_rows`` replaces them
+    with U+FFFD instead (counted per file in ``REPLACED_BYTES``).
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
@@ -95,7 +103,8 @@ def load_corpus(
     if isinstance(validation_split, float) and validation_split >= 1 and validation_split.is_integer():
         validation_split = int(validation_split)  # `--validation_split 20` on the command line: 20 rows
     _check_validation_split(validation_split, streaming)
-    raw = _pick_splits(_load_raw(dataset, dataset_config, streaming, num_examples, seed, sample_by), dataset)
+    raw = _pick_splits(_load_raw(dataset, dataset_config, streaming, num_examples, seed, sample_by, skip_bad_rows),
+                       dataset)
     splits = {}
     for name, split in raw.items():
         split = _normalise_columns(split, dataset, task, text_column, source_column, target_column)
@@ -185,11 +194,58 @@ def rows_from_lines(lines: Iterable[str], sample_by: str, chunk_chars: int | Non
         yield {"text": "".join(pending), DOC_END: True}
 
 
-def _text_file_rows(files: list[str], sample_by: str, chunk_chars: int) -> Iterator[dict]:
-    """Rows of text files, one document per file; newlines kept as they are (``newline=""``)."""
+class UndecodableText(ValueError):
+    """A text file holds bytes that are not UTF-8 (the message names the file, the byte offset and the fix)."""
+
+
+REPLACED_BYTES: dict[str, int] = {}  # --skip_bad_rows: undecodable byte sequences replaced, per file (one pass)
+_replaced = [0]
+
+
+def _replace_and_count(error: UnicodeDecodeError) -> tuple[str, int]:
+    _replaced[0] += 1
+    return "\ufffd", error.end
+
+
+codecs.register_error("minitx-replace", _replace_and_count)
+
+
+def _text_file_rows(files: list[str], sample_by: str, chunk_chars: int, skip_bad_rows: bool = False) -> Iterator[dict]:
+    """Rows of text files, one document per file; newlines kept as they are (``newline=""``). Bytes that are
+    not UTF-8 raise ``UndecodableText``, or are replaced with U+FFFD (and counted) with ``skip_bad_rows``."""
     for path in files:
-        with xopen(path, "r", encoding="utf-8", newline="") as handle:
-            yield from rows_from_lines(handle, sample_by, chunk_chars)
+        before = _replaced[0]
+        try:
+            with xopen(path, "r", encoding="utf-8", newline="",
+                       errors="minitx-replace" if skip_bad_rows else "strict") as handle:
+                for row in rows_from_lines(handle, sample_by, chunk_chars):
+                    if _replaced[0] > before:  # a file read again (next epoch) is not counted twice
+                        REPLACED_BYTES[str(path)] = max(REPLACED_BYTES.get(str(path), 0), _replaced[0] - before)
+                    yield row
+        except UnicodeDecodeError as error:
+            offset = _first_bad_byte(path)
+            raise UndecodableText(
+                f"{path} is not UTF-8 text: the byte at offset {offset if offset is not None else '?'} cannot be "
+                f"decoded ({error.reason}); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8), or pass "
+                "--skip_bad_rows to replace undecodable bytes with U+FFFD") from None
+
+
+def _first_bad_byte(path: str) -> int | None:
+    """The offset of the first byte of ``path`` that is not UTF-8 (None: the file decodes)."""
+    decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+    with xopen(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            pending = len(decoder.getstate()[0])
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as error:
+                return offset - pending + error.start
+            offset += len(chunk)
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return offset - len(decoder.getstate()[0])
+    return None
 
 
 def _record_rows(split: AnyDataset, sample_by: str, chunk_chars: int) -> Iterator[dict]:
@@ -230,7 +286,8 @@ def as_samples(split: AnyDataset, sample_by: str = "document") -> AnyDataset:
 
 
 def _load_raw(
-    dataset: str, config: str | None, streaming: bool, num_examples: int | None, seed: int, sample_by: str
+    dataset: str, config: str | None, streaming: bool, num_examples: int | None, seed: int, sample_by: str,
+    skip_bad_rows: bool = False,
 ) -> dict[str, AnyDataset]:
     if not isinstance(dataset, str) or not dataset.strip():
         raise ValueError(f"dataset must be a non-empty string, got {dataset!r}")
@@ -239,8 +296,8 @@ def _load_raw(
         return {"train": train.to_iterable_dataset() if streaming else train}
     files = _local_files(dataset)
     if files is not None:
-        return _load_files(files, streaming, sample_by)
-    return _load_with_datasets(dataset, config, streaming, sample_by)
+        return _load_files(files, streaming, sample_by, skip_bad_rows)
+    return _load_with_datasets(dataset, config, streaming, sample_by, skip_bad_rows)
 
 
 def _looks_like_path(dataset: str) -> bool:
@@ -272,7 +329,26 @@ def _local_files(dataset: str) -> list[str] | None:
         files.extend(matches)
     if len(files) == 1 and os.path.isdir(files[0]):  # pragma: no cover - folders handled above
         return None
-    return files
+    return _read_once(dataset, files)
+
+
+def _read_once(dataset: str, files: list[str]) -> list[str]:
+    """``files`` without repeats (the same real path listed twice, or matched by a glob and another entry):
+    a file read twice could put the same text in training and validation. The first listing is kept."""
+    seen: dict[str, str] = {}
+    for path in files:
+        seen.setdefault(os.path.realpath(path), path)
+    unique = list(seen.values())
+    if len(unique) < len(files):
+        _note_repeats(dataset, len(files) - len(unique))
+    return unique
+
+
+@functools.cache
+def _note_repeats(dataset: str, repeats: int) -> None:
+    """Say once per --dataset that repeated files are read once."""
+    logger.warning("note: --dataset %r lists %d file(s) more than once (directly or through a glob); each file "
+                   "is read once", dataset, repeats)
 
 
 def local_inputs(dataset: str) -> list[Path]:
@@ -285,7 +361,7 @@ def local_inputs(dataset: str) -> list[Path]:
     return [Path(f) for f in _local_files(dataset) or []]
 
 
-def _load_files(files: list[str], streaming: bool, sample_by: str) -> dict[str, AnyDataset]:
+def _load_files(files: list[str], streaming: bool, sample_by: str, skip_bad_rows: bool = False) -> dict[str, AnyDataset]:
     builders = {FILE_BUILDERS.get(Path(f).suffix.lower()) for f in files}
     if None in builders:
         unknown = sorted({Path(f).suffix or f for f in files if Path(f).suffix.lower() not in FILE_BUILDERS})
@@ -297,7 +373,7 @@ def _load_files(files: list[str], streaming: bool, sample_by: str) -> dict[str, 
     if empty:
         raise ValueError(f"dataset file(s) {empty} are empty: there is nothing to train on")
     if builder == "text":
-        return _guarded(",".join(files), _load_text_files, {"train": files}, streaming, sample_by)
+        return _guarded(",".join(files), _load_text_files, {"train": files}, streaming, sample_by, skip_bad_rows)
     return _guarded(",".join(files), datasets.load_dataset, builder, data_files={"train": files}, streaming=streaming)
 
 
@@ -307,29 +383,34 @@ def _files_key(files: list[str]) -> list:
     return [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) if os.path.isfile(f) else f for f in files]
 
 
-def _load_text_files(data_files: dict[str, list[str]], streaming: bool, sample_by: str) -> dict[str, AnyDataset]:
+def _load_text_files(
+    data_files: dict[str, list[str]], streaming: bool, sample_by: str, skip_bad_rows: bool = False
+) -> dict[str, AnyDataset]:
     """One split per entry of ``data_files``; each file is one document (``sample_by`` may cut it)."""
     splits: dict[str, AnyDataset] = {}
     for name, files in data_files.items():
-        kwargs = {"files": [str(f) for f in files], "sample_by": sample_by, "chunk_chars": TEXT_CHUNK_CHARS}
+        kwargs = {"files": [str(f) for f in files], "sample_by": sample_by, "chunk_chars": TEXT_CHUNK_CHARS,
+                  "skip_bad_rows": skip_bad_rows}
         if streaming:
             splits[str(name)] = IterableDataset.from_generator(
                 _text_file_rows, features=TEXT_ROW_FEATURES, gen_kwargs=kwargs)
         else:
-            key = Hasher.hash(["text-files", _files_key(kwargs["files"]), sample_by, TEXT_CHUNK_CHARS])
+            key = Hasher.hash(["text-files", _files_key(kwargs["files"]), sample_by, TEXT_CHUNK_CHARS, skip_bad_rows])
             splits[str(name)] = Dataset.from_generator(
                 _text_file_rows, features=TEXT_ROW_FEATURES, gen_kwargs=kwargs, fingerprint=key)
     return splits
 
 
-def _load_with_datasets(name: str, config: str | None, streaming: bool, sample_by: str) -> dict[str, AnyDataset]:
+def _load_with_datasets(
+    name: str, config: str | None, streaming: bool, sample_by: str, skip_bad_rows: bool = False
+) -> dict[str, AnyDataset]:
     """``datasets.load_dataset(name, config)``: a Hub id or a local folder of data files. Text files
     (what datasets' ``text`` builder would read line by line) are read as documents instead."""
     _check_one_file_type(name)
     builder = _guarded(name, datasets.load_dataset_builder, name, config)
     if builder.name == "text" and builder.config.data_files:
         files = {split: list(paths) for split, paths in builder.config.data_files.items()}
-        return _guarded(name, _load_text_files, files, streaming, sample_by)
+        return _guarded(name, _load_text_files, files, streaming, sample_by, skip_bad_rows)
     return _guarded(name, datasets.load_dataset, name, config, streaming=streaming)
 
 
@@ -369,6 +450,8 @@ def _guarded(name: str, load: Any, *args: Any, **kwargs: Any) -> Any:
         raise
     except (DatasetGenerationError, StopIteration) as err:
         cause = err.__cause__ or err
+        if isinstance(cause, UndecodableText):
+            raise cause from None
         raise ValueError(
             f"could not read dataset {name!r}: {type(cause).__name__}: {cause}. Is it empty or malformed?"
         ) from err

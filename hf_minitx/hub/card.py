@@ -151,7 +151,8 @@ def _training_rows(summary: dict) -> list[tuple[str, str]]:
     if summary.get("num_processes"):
         rows.append(("Processes", str(summary["num_processes"])))
     if summary.get("mixed_precision"):
-        rows.append(("Mixed precision", str(summary["mixed_precision"])))
+        precision = str(summary["mixed_precision"])  # what the steps ran in, not what was asked
+        rows.append(("Mixed precision", "none (fp32)" if precision == "no" else precision))
     if summary.get("seed") is not None:
         rows.append(("Seed", str(summary["seed"])))
     return rows

@@ -91,6 +91,11 @@ class DataArguments:
         metadata={"help": "causal-lm: read the corpus as a stream, tokenized and packed on the fly (nothing prepared or "
                           "cached; a corpus larger than memory trains). Needs --max_steps. Resumes at the exact block."},
     )
+    skip_bad_rows: bool = field(
+        default=False,
+        metadata={"help": "Text files: replace bytes that are not UTF-8 with U+FFFD (counted per file in the summary) "
+                          "instead of stopping with an error that names the file and the byte offset."},
+    )
     shuffle_buffer: int = field(
         default=10_000,
         metadata={"help": "--streaming: blocks in the seeded shuffle buffer (reseeded each epoch); 0 keeps stream order."},

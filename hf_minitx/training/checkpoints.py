@@ -3,7 +3,9 @@ one named) and rotating them."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import shutil
 import sys
@@ -13,12 +15,16 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from ..data.streaming import load_stream_state
 from ..folders import check_marker
 
 CHECKPOINT_PREFIX = "checkpoint-"
 RUN_STATE_FILE = "run_state.json"
 MODEL_FILES = ("model.safetensors", "pytorch_model.bin")
 OPTIMIZER_FILE = "optimizer.bin"
+# what accelerator.load_state reads besides the model: the optimizer, the scheduler (registered for
+# checkpointing) and the first process's random generators (accelerate skips missing ones silently)
+STATE_FILES = (OPTIMIZER_FILE, "custom_checkpoint_0.pkl", "random_states_0.pkl")
 _FIX = ("delete that checkpoint folder and resume from an older one (--resume_from_checkpoint PATH), "
         "or start again with --overwrite_output_dir")
 _CHECKPOINT_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
@@ -80,11 +86,16 @@ def write_run_state(checkpoint: Path, state: dict[str, Any]) -> None:
     (checkpoint / RUN_STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
 
 
-def check_checkpoint_files(checkpoint: Path) -> None:
-    """Read every file ``accelerator.load_state`` will read, so that a damaged one is named before any work."""
-    if not any((checkpoint / name).is_file() for name in MODEL_FILES) or not (checkpoint / OPTIMIZER_FILE).is_file():
-        raise ValueError(f"checkpoint {checkpoint} is incomplete (it needs {MODEL_FILES[0]} or {MODEL_FILES[1]} "
-                         f"and {OPTIMIZER_FILE}); {_FIX.format(checkpoint)}")
+def check_checkpoint_files(checkpoint: Path, *, streaming: bool = False) -> None:
+    """Read every file ``accelerator.load_state`` (and, streaming, the stream position) will read, so that a
+    missing or damaged one is named before any work."""
+    required = [*STATE_FILES, *(["stream_state_0.npz"] if streaming else [])]
+    missing = [name for name in required if not (checkpoint / name).is_file()]
+    if not any((checkpoint / name).is_file() for name in MODEL_FILES):
+        missing.insert(0, f"{MODEL_FILES[0]} or {MODEL_FILES[1]}")
+    if missing:
+        raise ValueError(f"checkpoint {checkpoint} is incomplete: {checkpoint / missing[0]} is missing; "
+                         f"{_FIX.format(checkpoint)}")
     for path in sorted(checkpoint.iterdir()):
         try:
             if path.suffix == ".safetensors":
@@ -93,9 +104,30 @@ def check_checkpoint_files(checkpoint: Path) -> None:
                         handle.get_slice(key)
             elif path.suffix in (".bin", ".pkl", ".pt"):
                 torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as error:  # noqa: BLE001  torch, pickle and safetensors each raise their own kinds
+            elif path.suffix == ".npz":
+                load_stream_state(path)
+        except Exception as error:  # noqa: BLE001  torch, pickle, zip and safetensors each raise their own kinds
             detail = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise ValueError(f"{path} cannot be read ({detail}); {_FIX.format(checkpoint)}") from None
+            raise ValueError(f"{path} cannot be read ({type(error).__name__}: {detail}); "
+                             f"{_FIX.format(checkpoint)}") from None
+
+
+def check_checkpoint_fits(checkpoint: Path, model: torch.nn.Module) -> None:
+    """The checkpoint's weights have the names and shapes of ``model`` (a checkpoint of another vocabulary or
+    shape is named here, not in a size-mismatch error inside ``load_state``)."""
+    path = next(checkpoint / name for name in MODEL_FILES if (checkpoint / name).is_file())
+    if path.suffix == ".safetensors":
+        with safe_open(str(path), framework="pt") as handle:
+            saved = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+    else:
+        saved = {key: tuple(value.shape) for key, value in torch.load(path, map_location="cpu").items()}
+    expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    for key in sorted(saved):  # a weight the file leaves out may be tied to another (safetensors drops those)
+        if saved[key] != expected.get(key):
+            raise ValueError(
+                f"{path} does not fit this model: {key} is {saved[key]} in the checkpoint and "
+                f"{expected.get(key) or 'absent'} in the model (another vocabulary or model shape); "
+                f"{_FIX.format(checkpoint)}")
 
 
 def check_same_run(output_dir: Path, checkpoint: Path, state: dict[str, Any]) -> None:
@@ -115,8 +147,8 @@ def check_compatible(checkpoint: Path, stored: dict[str, Any], expected: dict[st
     """Refuse to resume when the checkpoint was made with other model/data settings."""
     different = {}
     for key, value in expected.items():
-        if key == INPUT_FILES:
-            continue  # compared by check_same_inputs
+        if key == INPUT_FILES or (key in SPLIT_FIELDS and key not in stored):
+            continue  # compared by check_same_inputs; split fields of checkpoints older than their recording
         old = stored.get(key)
         if isinstance(old, dict) and isinstance(value, dict):
             for sub in sorted(set(old) | set(value)):
@@ -132,6 +164,7 @@ def check_compatible(checkpoint: Path, stored: dict[str, Any], expected: dict[st
         )
 
 
+SPLIT_FIELDS = ("seed", "validation_split", "streaming")  # what defines the validation split, besides the files
 INPUT_FILES = "input_files"  # run identity key: {path: fingerprint} of the local files the run reads
 
 
@@ -158,3 +191,24 @@ def rotate_checkpoints(output_dir: str | Path, keep: int) -> list[Path]:
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
+
+
+WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EIO)
+
+
+def write_failure(error: BaseException, where: Path, output_dir: Path) -> BaseException:
+    """One-line error for a write that failed (disk full, read-only, quota): the folder, its free space and the
+    last good checkpoint. ``error`` itself is returned when it is not a failure to write."""
+    torch_write = isinstance(error, RuntimeError) and any(
+        text in str(error) for text in ("file write failed", "unexpected pos", "PytorchStreamWriter"))
+    if not (isinstance(error, OSError) and error.errno in WRITE_ERRNOS) and not torch_write:
+        return error
+    reason = os.strerror(error.errno) if isinstance(error, OSError) else "the file write failed"
+    existing = next((p for p in (where, *where.parents) if p.exists()), Path("/"))
+    free = shutil.disk_usage(existing).free
+    last = list_checkpoints(output_dir)
+    resume = (f"the last good checkpoint, {last[-1]}, is intact: free some space, then resume with the same "
+              "command plus --resume_from_checkpoint latest" if last else
+              "no checkpoint was saved before: free some space and start the run again")
+    return OSError(f"cannot write {where.parent} ({reason}; {free / 2**20:,.0f} MiB free there); the unfinished "
+                   f"{where.name} was removed and {resume}")

@@ -41,11 +41,19 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from ..cli import EXIT_INTERRUPTED, Interrupted
+from ..data.corpus import REPLACED_BYTES, UndecodableText
 from ..data.streaming import PackedBlockStream
 from ..device import describe_hardware
 from ..folders import PARTIAL_SUFFIX, move_files_into
 from .arguments import DataArguments, ModelArguments, TrainArguments, parse_training_args
-from .checkpoints import CHECKPOINT_PREFIX, list_checkpoints, rotate_checkpoints, write_run_state
+from .checkpoints import (
+    CHECKPOINT_PREFIX,
+    check_checkpoint_fits,
+    list_checkpoints,
+    rotate_checkpoints,
+    write_failure,
+    write_run_state,
+)
 from .data_order import StepIndexedBatchSampler
 from .evaluation import TextEvaluation
 from .loss import Objective
@@ -59,12 +67,14 @@ from .prepare import (
     check_global_batch,
     check_not_complete,
     claim_output_folder,
+    effective_precision,
     get_tokenizer,
     is_hub_dataset,
     load_training_corpus,
     make_accelerator,
     plan_run,
     prepare_data,
+    tokenizer_staging,
 )
 from .stream_data import save_stream_position, streaming_train_batches
 
@@ -158,9 +168,10 @@ class StopSignals:
     come back when ``fit`` ends.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, then: str = "finishing this step, then saving a checkpoint") -> None:
         self.received: int | None = None
         self.previous: dict[int, Any] = {}
+        self.then = then  # what happens before the stop, said when a signal arrives
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -175,8 +186,30 @@ class StopSignals:
         if self.received is not None:
             os._exit(128 + signum)  # the second signal: nothing half-written is left by design, so quit now
         self.received = signum
-        print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
-              "(press Ctrl-C again to quit at once)", file=sys.stderr, flush=True)
+        print(f"\n{signal.Signals(signum).name}: {self.then} (press Ctrl-C again to quit at once)",
+              file=sys.stderr, flush=True)
+
+
+class TermDuringSetup:
+    """SIGTERM before the first step stops like Ctrl-C (a KeyboardInterrupt), so that setup is abandoned cleanly
+    instead of the process dying with half-written staging folders."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self.previous: Any = None
+
+    def __enter__(self) -> TermDuringSetup:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self.handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+    def handle(self, signum: int, frame: object) -> None:
+        self.received = True
+        raise KeyboardInterrupt
 
 
 @dataclass
@@ -202,29 +235,40 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
 
     Ctrl-C before the first step (imports, data, tokenizer) leaves nothing half-written; a resumed run that
     is already complete writes nothing."""
-    plan = None
+    plan, terminated = None, TermDuringSetup()
     try:
-        plan = plan_run(model_args, data_args, train_args)  # every check that needs no data
-        run, tokenizer, state = setup(plan)
+        with terminated:
+            plan = plan_run(model_args, data_args, train_args)  # every check that needs no data
+            run, tokenizer, state = setup(plan)
     except AlreadyComplete as done:
         print(done)
         return Path(train_args.output_dir)
     except KeyboardInterrupt:
-        raise Interrupted(abandon_setup(plan), EXIT_INTERRUPTED) from None
+        raise Interrupted(abandon_setup(plan), 128 + signal.SIGTERM if terminated.received else EXIT_INTERRUPTED) from None
+    except BaseException:
+        if plan is not None:  # a failure after the tokenizer was trained leaves no hidden staging folder
+            shutil.rmtree(tokenizer_staging(plan), ignore_errors=True)
+        raise
     outcome = fit(run, state)
     if outcome.interrupted_by is not None:
+        saved = f"saved {outcome.checkpoint}" if outcome.checkpoint else "nothing could be saved"
         raise Interrupted(
-            f"training stopped by {signal.Signals(outcome.interrupted_by).name} after step {state.step}; saved "
-            f"{outcome.checkpoint}. Resume with the same command plus --resume_from_checkpoint latest",
-            128 + outcome.interrupted_by)
+            f"training stopped by {signal.Signals(outcome.interrupted_by).name} after step {state.step}; {saved}. "
+            "Resume with the same command plus --resume_from_checkpoint latest", 128 + outcome.interrupted_by)
     summary = {
         "task": data_args.task, "dataset": data_args.dataset, "dataset_config": data_args.dataset_config,
         "hub_dataset": is_hub_dataset(data_args.dataset), **run_summary(run, state, outcome),
         "evaluation": run.evaluation.coverage,
         "preset": model_args.preset, "seed": train_args.seed, "config_overrides": model_args.config_overrides,
+        **({"bad_bytes_replaced": dict(REPLACED_BYTES)} if data_args.skip_bad_rows else {}),
     }
-    finish(run, tokenizer, summary, max_new_tokens=data_args.max_target_length if not plan.objective.shift else 128,
-           push_to=train_args.hub_model_id if train_args.push_to_hub else None)
+    received = finish(run, tokenizer, summary,
+                      max_new_tokens=data_args.max_target_length if not plan.objective.shift else 128,
+                      push_to=train_args.hub_model_id if train_args.push_to_hub else None)
+    if received is not None:
+        raise Interrupted(f"{signal.Signals(received).name} arrived during the final save, which was completed first: "
+                          f"{plan.output_dir} holds the finished model of {state.step} steps (not pushed)",
+                          128 + received)
     return plan.output_dir
 
 
@@ -258,7 +302,7 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
 
     run_id = claim_output_folder(plan) if accelerator.is_main_process else None  # the first write of the run
     accelerator.wait_for_everyone()
-    state = resume(plan, accelerator)
+    state = resume(plan, accelerator, model)
     evaluation = TextEvaluation(
         eval_loader, plan.objective, tokenizer, prompts=data["prompts"], sources=data["sources"],
         references=data["references"], num_samples=train_args.num_sample_generations, seed=train_args.seed,
@@ -283,7 +327,7 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
         batches = iter(training_loader(data, train_args, accelerator, start=state.step * k))
     run = TrainingRun(accelerator, model, optimizer, scheduler, batches, plan.objective, evaluation, settings,
                       plan.output_dir, checkpoint_fields={
-                          **plan.identity, "run_id": run_id, "seed": train_args.seed,
+                          **plan.identity, "run_id": run_id,
                           "global_batch_size": train_args.per_device_train_batch_size * accelerator.num_processes * k},
                       stream=stream)
     start_trackers(plan, accelerator)
@@ -301,10 +345,11 @@ def training_loader(data: dict[str, Any], train_args: TrainArguments, accelerato
     )
 
 
-def resume(plan: RunPlan, accelerator: Accelerator) -> RunState:
+def resume(plan: RunPlan, accelerator: Accelerator, model: nn.Module) -> RunState:
     """Load the checkpoint's model, optimizer, scheduler and RNG states; a fresh RunState when not resuming."""
     if plan.checkpoint is None:
         return RunState()
+    check_checkpoint_fits(plan.checkpoint, accelerator.unwrap_model(model, keep_torch_compile=False))
     accelerator.load_state(str(plan.checkpoint))
     state = RunState.from_saved(plan.resume_state)
     if accelerator.is_main_process:
@@ -334,15 +379,18 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
                     disable=not (accelerator.is_local_main_process and settings.show_progress))
     outcome, interval, evaluated_at = FitOutcome(), Interval(), -1
     start, cpu_start = time.perf_counter() - state.train_seconds, time.process_time()
+    untrained: dict[str, Any] | None = None
     with StopSignals() as signals:
         while state.step < settings.total_steps:
-            window = [next(run.batches) for _ in range(settings.accumulation_steps)]
+            untrained = run.stream.state_dict() if run.stream is not None else None  # before the window is drawn
+            window = draw_window(run, state, untrained)
             window = [{k: v.to(accelerator.device) for k, v in batch.items()} for batch in window]
             time_up = settings.max_seconds is not None and time.perf_counter() - start > settings.max_seconds
             counts = count_window(run, window, time_up=time_up, interrupted=signals.received is not None)
             if counts.interrupted or counts.time_up:
-                stop_early(run, state, outcome, counts, signals.received)
+                stop_early(run, state, outcome, counts, signals.received, untrained)
                 break
+            untrained = None
             loss, learning_rate = train_step(run, state, window, counts.label_tokens)
             state.step += 1
             state.tokens_seen += counts.input_tokens
@@ -358,11 +406,41 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
                     break
             if settings.checkpointing_steps and state.step % settings.checkpointing_steps == 0:
                 save_checkpoint(run, state)
-    progress.close()
-    if evaluated_at != state.step and outcome.interrupted_by is None:
-        evaluate_and_check_target(run, state, outcome)
+        progress.close()
+        if evaluated_at != state.step and outcome.interrupted_by is None:  # protected like the steps
+            evaluate_and_check_target(run, state, outcome)
+            if stop_wished(run, signals.received):
+                outcome.interrupted_by = signals.received or signal.SIGTERM
+                outcome.checkpoint = checkpoint_of_last_step(run, state, untrained)
     outcome.cpu_seconds = time.process_time() - cpu_start
     return outcome
+
+
+def draw_window(run: TrainingRun, state: RunState, untrained: dict[str, Any] | None) -> list[dict[str, torch.Tensor]]:
+    """The next accumulation window of micro-batches. Text that cannot be decoded (a streamed file) saves the
+    checkpoint of the last trained step first, and the error says how to go on from there."""
+    try:
+        return [next(run.batches) for _ in range(run.settings.accumulation_steps)]
+    except UndecodableText as error:
+        checkpoint = checkpoint_of_last_step(run, state, untrained)
+        if checkpoint is None:
+            raise
+        raise UndecodableText(f"{error}. Training stopped after step {state.step} and saved {checkpoint}: resume it "
+                              "with the same command plus --skip_bad_rows --resume_from_checkpoint latest") from None
+
+
+def stop_wished(run: TrainingRun, received: int | None) -> bool:
+    """Whether any process got a stop signal (one reduce, so that every process agrees)."""
+    flag = torch.tensor(int(received is not None), device=run.accelerator.device)
+    return run.accelerator.reduce(flag, "sum").item() > 0
+
+
+def checkpoint_of_last_step(run: TrainingRun, state: RunState, stream_state: dict[str, Any] | None) -> Path | None:
+    """The checkpoint of the last trained step, saved now unless it exists (None: the run writes nothing)."""
+    if run.output_dir is None or not run.checkpoint_fields:
+        return None
+    existing = run.output_dir / f"{CHECKPOINT_PREFIX}{state.step}"
+    return existing if existing in list_checkpoints(run.output_dir) else save_checkpoint(run, state, stream_state)
 
 
 def count_window(
@@ -385,13 +463,14 @@ def count_window(
 
 
 def stop_early(
-    run: TrainingRun, state: RunState, outcome: FitOutcome, counts: WindowCounts, received: int | None
+    run: TrainingRun, state: RunState, outcome: FitOutcome, counts: WindowCounts, received: int | None,
+    untrained: dict[str, Any] | None,
 ) -> None:
-    """Note why the loop stops before ``total_steps``; on a signal, save a checkpoint to resume from."""
+    """Note why the loop stops before ``total_steps``; on a signal, save a checkpoint to resume from (streaming:
+    at the stream position ``untrained`` from before the window that was drawn but not trained)."""
     if counts.interrupted:
         outcome.interrupted_by = received or signal.SIGTERM  # another process got the signal
-        if run.output_dir is not None and run.checkpoint_fields:
-            outcome.checkpoint = save_checkpoint(run, state)
+        outcome.checkpoint = checkpoint_of_last_step(run, state, untrained)
         return
     outcome.stopped_by_time_budget = True
     run.accelerator.print(f"time budget of {run.settings.max_seconds / 60:g} min reached at step {state.step}")
@@ -480,23 +559,30 @@ def evaluate_and_check_target(run: TrainingRun, state: RunState, outcome: FitOut
     return reached
 
 
-def save_checkpoint(run: TrainingRun, state: RunState) -> Path:
-    """Accelerator state (model, optimizer, scheduler, every process's RNG) and the RunState; oldest rotated.
+def save_checkpoint(run: TrainingRun, state: RunState, stream_state: dict[str, Any] | None = None) -> Path:
+    """Accelerator state (model, optimizer, scheduler, every process's RNG), the RunState and, streaming, the
+    stream position (``stream_state``, or where the stream stands now); the oldest checkpoints are rotated.
 
     Everything is written into a hidden ``.checkpoint-STEP.partial`` folder that is renamed once complete,
-    so a kill at any moment leaves no half-written ``checkpoint-STEP``.
+    so a kill at any moment leaves no half-written ``checkpoint-STEP``; a full disk removes it and is one
+    error naming the folder and its free space.
     """
     accelerator, path = run.accelerator, run.output_dir / f"{CHECKPOINT_PREFIX}{state.step}"
     partial = path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
     if accelerator.is_main_process:
         shutil.rmtree(partial, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(partial), safe_serialization=False)  # every process saves its RNG state
-    if run.stream is not None:  # and, streaming, its position in the stream
-        save_stream_position(run.stream, partial, accelerator.process_index)
-    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(str(partial), safe_serialization=False)  # every process saves its RNG state
+        if run.stream is not None:  # and, streaming, its position in the stream
+            save_stream_position(stream_state or run.stream.state_dict(), partial, accelerator.process_index)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            write_run_state(partial, {**run.checkpoint_fields, **asdict(state)})
+    except (OSError, RuntimeError) as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise write_failure(error, partial, run.output_dir) from None
     if accelerator.is_main_process:
-        write_run_state(partial, {**run.checkpoint_fields, **asdict(state)})
         if path.exists():  # a checkpoint of an earlier session at the same step
             shutil.rmtree(path)
         partial.rename(path)
@@ -514,7 +600,7 @@ def run_summary(run: TrainingRun, state: RunState, outcome: FitOutcome) -> dict[
     return {
         "steps": state.step, "tokens_seen": state.tokens_seen, "train_seconds": round(state.train_seconds, 2),
         "hardware": describe_hardware(run.accelerator.device, run.accelerator.num_processes),
-        "mixed_precision": run.accelerator.mixed_precision, "num_processes": run.accelerator.num_processes,
+        "mixed_precision": effective_precision(run.accelerator), "num_processes": run.accelerator.num_processes,
         "final_metrics": outcome.final_metrics,
         "sample_generations": [{"prompt": s["prompt"], "output": s["output"]} for s in state.last_samples],
         "num_parameters": sum(p.numel() for p in model.parameters()),
@@ -527,29 +613,46 @@ def run_summary(run: TrainingRun, state: RunState, outcome: FitOutcome) -> dict[
 def finish(
     run: TrainingRun, tokenizer: PreTrainedTokenizerBase | None, summary: dict[str, Any], *, max_new_tokens: int,
     card: bool = True, push_to: str | None = None,
-) -> None:
+) -> int | None:
     """Write the final folder (main process), draw its loss curve, render its card, push it if asked.
 
     The files are written into a hidden folder first and renamed into place with training_summary.json last:
-    a folder with a summary holds a complete model.
+    a folder with a summary holds a complete model. A stop signal during the save lets it complete (and skips
+    the push); it is returned (None: no signal). A full disk leaves no hidden folder and is one error.
     """
     accelerator = run.accelerator
     accelerator.wait_for_everyone()
-    if accelerator.is_main_process and run.output_dir is not None:
-        model = accelerator.unwrap_model(run.model, keep_torch_compile=False)
-        partial = run.output_dir / f".final{PARTIAL_SUFFIX}"  # written whole, then renamed file by file
-        shutil.rmtree(partial, ignore_errors=True)
-        save_final_model(model, tokenizer, partial, summary, max_new_tokens=max_new_tokens)
-        draw_loss_curve(run.output_dir, partial / LOSS_CURVE_FILE)
-        move_files_into(partial, run.output_dir, last=SUMMARY_FILE)  # the summary marks a finished run
-        if card:
-            write_card(run.output_dir)
-        if push_to:
-            from ..hub.push import push_to_hub
+    with StopSignals(then="completing the final save, then stopping") as signals:
+        if accelerator.is_main_process and run.output_dir is not None:
+            save_final_folder(run, tokenizer, summary, max_new_tokens=max_new_tokens, card=card)
+        accelerator.wait_for_everyone()
+    if push_to and signals.received is None and accelerator.is_main_process:
+        from ..hub.push import push_to_hub
 
-            push_to_hub(run.output_dir, push_to)
+        push_to_hub(run.output_dir, push_to)
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    return signals.received
+
+
+def save_final_folder(
+    run: TrainingRun, tokenizer: PreTrainedTokenizerBase | None, summary: dict[str, Any], *, max_new_tokens: int,
+    card: bool,
+) -> None:
+    """The model, tokenizer, summary and loss curve written into ``.final.partial``, renamed into place (the
+    summary last), then the card."""
+    model = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
+    partial = run.output_dir / f".final{PARTIAL_SUFFIX}"  # written whole, then renamed file by file
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        save_final_model(model, tokenizer, partial, summary, max_new_tokens=max_new_tokens)
+        draw_loss_curve(run.output_dir, partial / LOSS_CURVE_FILE)
+    except (OSError, RuntimeError) as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise write_failure(error, partial, run.output_dir) from None
+    move_files_into(partial, run.output_dir, last=SUMMARY_FILE)  # the summary marks a finished run
+    if card:
+        write_card(run.output_dir)
 
 
 def draw_loss_curve(output_dir: Path, out: Path) -> Path | None:

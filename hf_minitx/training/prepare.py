@@ -89,7 +89,7 @@ class RunPlan:
     @cached_property
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must share with the run that resumes it, the local input files' fingerprints too."""
-        return {**run_identity(self.settings, self.data_args), INPUT_FILES: fingerprint_inputs(self.data_args)}
+        return {**run_identity(self.settings, self.data_args, self.train_args.seed), INPUT_FILES: fingerprint_inputs(self.data_args)}
 
 
 class AlreadyComplete(Exception):
@@ -124,12 +124,14 @@ def build_config(settings: dict[str, Any], preset: str) -> MiniTxConfig:
         raise ValueError(f"invalid model settings from preset {preset!r} + overrides: {err}") from err
 
 
-def run_identity(model_settings: dict[str, Any], data_args: DataArguments) -> dict[str, Any]:
-    """What a checkpoint must share with the run that resumes it."""
+def run_identity(model_settings: dict[str, Any], data_args: DataArguments, seed: int) -> dict[str, Any]:
+    """What a checkpoint must share with the run that resumes it: the model, the data, and what defines the
+    validation split (seed, validation_split, streaming), so that validation never holds trained text."""
     return {
         "model_settings": model_settings, "task": data_args.task, "dataset": data_args.dataset,
         "dataset_config": data_args.dataset_config, "block_size": data_args.block_size,
-        "sample_by": data_args.sample_by,
+        "sample_by": data_args.sample_by, "seed": seed, "validation_split": data_args.validation_split,
+        "streaming": data_args.streaming,
     }
 
 
@@ -199,6 +201,10 @@ def check_data_arguments(config: MiniTxConfig, data_args: DataArguments) -> None
     for name, value in counts.items():
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be >= 1 (or left out for the default), got {value}")
+    if data_args.task == "seq2seq":
+        for name in ("max_source_length", "max_target_length"):
+            if getattr(data_args, name) < 2:
+                raise ValueError(f"--{name} must be >= 2 (at least one token and <eos>), got {getattr(data_args, name)}")
     if data_args.block_size < 2:
         raise ValueError(f"--block_size must be >= 2 (a token and the next one to predict), got {data_args.block_size}")
     if data_args.shuffle_buffer < 0:
@@ -252,6 +258,16 @@ def check_training_arguments(train_args: TrainArguments) -> None:
         raise ValueError(f"--max_steps must be >= 1, got {train_args.max_steps}")
     if train_args.max_steps is None and train_args.num_epochs <= 0:
         raise ValueError(f"--num_epochs must be > 0 (or give --max_steps), got {train_args.num_epochs}")
+    if not train_args.learning_rate > 0:
+        raise ValueError(f"--learning_rate must be > 0, got {train_args.learning_rate}")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(train_args, name) < 1.0:
+            raise ValueError(f"--{name} must be in [0, 1), got {getattr(train_args, name)}")
+    if not train_args.adam_epsilon > 0:
+        raise ValueError(f"--adam_epsilon must be > 0, got {train_args.adam_epsilon}")
+    for name in ("weight_decay", "max_grad_norm"):
+        if not getattr(train_args, name) >= 0:
+            raise ValueError(f"--{name} must be >= 0, got {getattr(train_args, name)}")
     if not 0.0 <= train_args.label_smoothing < 1.0:
         raise ValueError(f"--label_smoothing must be in [0, 1), got {train_args.label_smoothing}")
     if train_args.max_minutes is not None and train_args.max_minutes <= 0:
@@ -290,7 +306,7 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     check_compatible(plan.checkpoint, plan.resume_state, plan.identity)
     check_same_run(plan.output_dir, plan.checkpoint, plan.resume_state)
     check_same_inputs(plan.checkpoint, plan.resume_state, plan.identity)
-    check_checkpoint_files(plan.checkpoint)
+    check_checkpoint_files(plan.checkpoint, streaming=data_args.streaming)
     if train_args.max_steps is not None:  # runs of num_epochs are checked once their length is known
         check_not_complete(plan, train_args.max_steps)
     return plan
@@ -341,10 +357,20 @@ def make_accelerator(train_args: TrainArguments, trackers: list[str]) -> Acceler
         project_dir=train_args.output_dir,
         dynamo_backend="inductor" if train_args.compile else None,
     )
+    if effective_precision(accelerator) != accelerator.mixed_precision:
+        accelerator.print(f"note: --mixed_precision {precision} is not available on {accelerator.device.type}; "
+                          "training runs in fp32 (the summary and the card say so)")
     if accelerator.device.type == "cpu":
         requested = train_args.num_threads
         torch.set_num_threads(requested or max(1, (os.cpu_count() or 1) // max(1, accelerator.num_processes)))
     return accelerator
+
+
+def effective_precision(accelerator: Accelerator) -> str:
+    """The precision the steps really run in: Accelerate keeps the requested name (fp16 on a CPU) even where it
+    falls back to fp32 without autocast."""
+    precision = accelerator.mixed_precision
+    return precision if precision == "no" or accelerator.native_amp else "no"
 
 
 # --- data -----------------------------------------------------------------------------------------
@@ -358,7 +384,7 @@ def load_training_corpus(plan: RunPlan) -> Any:
         text_column=data_args.text_column, source_column=data_args.source_column,
         target_column=data_args.target_column, validation_split=validation_split_value(data_args.validation_split),
         seed=plan.train_args.seed, num_examples=data_args.num_examples, sample_by=data_args.sample_by,
-        streaming=data_args.streaming,
+        streaming=data_args.streaming, skip_bad_rows=data_args.skip_bad_rows,
     )
 
 

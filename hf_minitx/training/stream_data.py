@@ -64,12 +64,13 @@ def streaming_train_batches(
     return stream.batches(train_args.per_device_train_batch_size, data["collate"]), stream
 
 
-def save_stream_position(stream: PackedBlockStream, checkpoint: Path, process_index: int) -> None:
-    """Write this process's stream position into the checkpoint folder (each process its own file)."""
+def save_stream_position(position: dict[str, Any], checkpoint: Path, process_index: int) -> None:
+    """Write this process's stream position (a ``PackedBlockStream.state_dict()``) into the checkpoint folder
+    (each process its own file)."""
     path = stream_state_path(checkpoint, process_index)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".tmp")
-    save_stream_state(stream.state_dict(), partial)
+    save_stream_state(position, partial)
     partial.replace(path)
 
 

@@ -326,10 +326,11 @@ def test_resume_latest_without_checkpoint_is_refused(previous_run, text_file):
 def test_checkpoint_from_another_config_is_refused(tmp_path, text_file):
     out = tmp_path / "run"
     other = causal_args(text_file, out, "--config_overrides", "hidden_size=64")
-    model_args, data_args, _ = parse_training_args(other)
+    model_args, data_args, train_args = parse_training_args(other)
     checkpoint = out / "checkpoint-2"
     checkpoint.mkdir(parents=True)
-    write_run_state(checkpoint, {**run_identity(resolve_model_settings(model_args, data_args), data_args),
+    write_run_state(checkpoint, {**run_identity(resolve_model_settings(model_args, data_args), data_args,
+                                                train_args.seed),
                                  "step": 2})
     with pytest.raises(ValueError, match="another configuration(.|\n)*hidden_size"):
         main(causal_args(text_file, out, "--max_steps", "4", "--resume_from_checkpoint", "latest"))

@@ -1,0 +1,373 @@
+"""Trust at the edges of a run: a stop signal at the final evaluation, at the final save or mid-stream leaves a
+run that resumes (to bit-identical weights); a full disk is one line and leaves the last checkpoint usable;
+the validation split cannot change under a resumed run; repeated input files are read once; damaged or
+foreign checkpoint files are named; bytes that are not UTF-8 are named and can be skipped; arguments that
+need no data are checked first; the summary says which precision really ran."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from accelerate import Accelerator
+from test_safety import (  # noqa: F401  (_fresh_accelerate_state is an autouse fixture)
+    REPO,
+    STARTUP_HOOK,
+    _fresh_accelerate_state,
+    assert_same_weights,
+    has_a_train_record,
+    run_hooked,
+    snapshot,
+)
+from test_streaming_train import corpus, stream_args  # noqa: F401  (corpus is a fixture)
+from test_train import causal_args, records, seq2seq_args, text_file  # noqa: F401  (text_file is a fixture)
+
+import hf_minitx.training.loop as loop
+from hf_minitx.cli import main as minitx
+from hf_minitx.data.corpus import REPLACED_BYTES, load_corpus, local_inputs
+from hf_minitx.training.loop import main as train_main
+
+# 5 steps, a checkpoint every 2: the last one before the end is checkpoint-4.
+FIVE = ("--max_steps", "5", "--checkpointing_steps", "2", "--save_total_limit", "3", "--config_overrides",
+        "hidden_size=32,intermediate_size=64,max_position_embeddings=64,hidden_dropout=0.1")
+
+# A test-only pause (the process prints a marker, then waits) at the final evaluation or inside the final save,
+# so that a signal lands exactly there. Nothing that is computed changes.
+PAUSE_HOOK = """
+import os, sys, time
+import hf_minitx.training.loop as loop
+where = os.environ["TEST_PAUSE_IN"]
+real_validate, real_save = loop.validate, loop.save_final_model
+def paused_validate(run, state):
+    if where == "final-eval" and state.step == run.settings.total_steps:
+        print("PAUSED", flush=True)
+        time.sleep(3)
+    return real_validate(run, state)
+def paused_save(*args, **kwargs):
+    result = real_save(*args, **kwargs)
+    if where == "final-save":
+        print("PAUSED", flush=True)
+        time.sleep(3)
+    return result
+loop.validate, loop.save_final_model = paused_validate, paused_save
+from hf_minitx.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def five_steps(text_file, tmp_path_factory) -> Path:  # noqa: F811
+    """An uninterrupted 5-step run (checkpoints at 2 and 4)."""
+    out = tmp_path_factory.mktemp("end") / "straight"
+    train_main(causal_args(text_file, out, *FIVE))
+    return out
+
+
+def run_paused(args: list[str], where: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", PAUSE_HOOK, *args], cwd=REPO, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "TEST_PAUSE_IN": where},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def partials(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if ".partial" in p.name]
+
+
+# --- 1. the end of a run is protected ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_at_the_final_evaluation_saves_the_last_step_and_resumes(five_steps, text_file, tmp_path, sig, code):  # noqa: F811
+    out = tmp_path / "run"
+    process = run_paused(["train", *causal_args(text_file, out, *FIVE)], "final-eval")
+    assert any(line.strip() == "PAUSED" for line in iter(process.stdout.readline, ""))
+    process.send_signal(sig)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == code, stderr
+    assert "Traceback" not in stderr
+    assert f"after step 5; saved {out / 'checkpoint-5'}" in stderr and "--resume_from_checkpoint latest" in stderr
+    assert (out / "checkpoint-5" / "run_state.json").is_file() and not (out / "training_summary.json").exists()
+    train_main(causal_args(text_file, out, *FIVE, "--resume_from_checkpoint", "latest"))  # the same command
+    assert_same_weights(five_steps, out)
+    assert json.loads((out / "training_summary.json").read_text())["steps"] == 5
+
+
+@pytest.mark.slow
+def test_signal_during_the_final_save_completes_it(text_file, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    process = run_paused(["train", *causal_args(text_file, out, *FIVE)], "final-save")
+    assert any(line.strip() == "PAUSED" for line in iter(process.stdout.readline, ""))
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr
+    assert "Traceback" not in stderr and "during the final save, which was completed first" in stderr
+    assert (out / "model.safetensors").is_file() and (out / "training_summary.json").is_file()
+    assert partials(out) == []
+    args = ["train", *causal_args(text_file, out, *FIVE, "--resume_from_checkpoint", "latest")]
+    assert minitx(args) == 0  # the same command resumed: nothing left to do
+    assert "already complete at step 5" in capsys.readouterr().out
+
+
+def test_sigterm_during_startup_ends_in_one_line_and_leaves_nothing(tmp_path, text_file):  # noqa: F811
+    process = subprocess.Popen(
+        [sys.executable, "-c", STARTUP_HOOK, "train", *causal_args(text_file, tmp_path / "run", "--max_steps", "2")],
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "TEST_PAUSE_AT": "staged"}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert any(line.strip() == "PAUSED" for line in iter(process.stdout.readline, ""))
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr
+    assert stderr.strip().splitlines()[-1] == "interrupted before training started; nothing was written"
+    assert list(tmp_path.iterdir()) == []  # no output folder, no tokenizer staging folder
+
+
+def _full_disk_in(name: str):
+    real = Accelerator.save_state
+
+    def save_state(self, output_dir=None, **kwargs):
+        if name in str(output_dir):
+            Path(output_dir).mkdir(parents=True, exist_ok=True)
+            (Path(output_dir) / "half-written.bin").write_bytes(b"x")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, output_dir, **kwargs)
+
+    return save_state
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_last_checkpoint_resumes(
+        five_steps, text_file, tmp_path, monkeypatch, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(Accelerator, "save_state", _full_disk_in("checkpoint-4"))
+        assert minitx(["train", *causal_args(text_file, out, *FIVE)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cannot write {out} (No space left on device;" in err[0] and "MiB free there" in err[0]
+    assert f"{out / 'checkpoint-2'}, is intact" in err[0]
+    assert partials(tmp_path) == [] and not (out / "checkpoint-4").exists()
+    train_main(causal_args(text_file, out, *FIVE, "--resume_from_checkpoint", "latest"))
+    assert_same_weights(five_steps, out)
+
+
+def test_a_full_disk_at_the_final_save_leaves_no_hidden_folder(text_file, tmp_path, monkeypatch, capsys):  # noqa: F811
+    out = tmp_path / "run"
+
+    def full(model, tokenizer, folder, *args, **kwargs):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(loop, "save_final_model", full)
+    assert minitx(["train", *causal_args(text_file, out, *FIVE)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left on device" in err[0] and "checkpoint-4" in err[0]
+    assert partials(tmp_path) == [] and (out / "checkpoint-4" / "run_state.json").is_file()
+
+
+# --- 2. validation integrity ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_steps(text_file, tmp_path_factory) -> Path:  # noqa: F811
+    out = tmp_path_factory.mktemp("split") / "run"
+    train_main(causal_args(text_file, out, "--max_steps", "2", "--checkpointing_steps", "2"))
+    return out
+
+
+@pytest.mark.parametrize("extra, field", [
+    (["--seed", "7"], "seed: checkpoint has 42, this run has 7"),
+    (["--validation_split", "0.1"], "validation_split: checkpoint has 0.05, this run has 0.1"),
+    (["--streaming", "--shuffle_buffer", "4"], "streaming: checkpoint has False, this run has True"),
+])
+def test_resuming_with_another_validation_split_is_refused(two_steps, text_file, tmp_path, capsys, extra, field):  # noqa: F811
+    run = tmp_path / "run"
+    shutil.copytree(two_steps, run)
+    before = snapshot(run)
+    args = ["train", *causal_args(text_file, run, "--max_steps", "4", "--resume_from_checkpoint", "latest"), *extra]
+    assert minitx(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0]
+    assert snapshot(run) == before
+
+
+def test_a_file_listed_twice_or_matched_twice_is_read_once(tmp_path, caplog):
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for name in ("a", "b"):
+        (folder / f"{name}.txt").write_text("\n".join(f"{name} line {i} of text" for i in range(40)) + "\n")
+    once = load_corpus(f"{folder / 'a.txt'},{folder / 'b.txt'}", validation_split=0.5)
+    for spec in (f"{folder / 'a.txt'},{folder / 'a.txt'},{folder / 'b.txt'}", f"{folder}/*.txt,{folder / 'a.txt'}"):
+        twice = load_corpus(spec, validation_split=0.5)
+        assert twice["train"]["text"] == once["train"]["text"]
+        assert twice["validation"]["text"] == once["validation"]["text"]
+        assert sorted(map(str, local_inputs(spec))) == [str(folder / "a.txt"), str(folder / "b.txt")]
+    assert "more than once" in caplog.text and "each file is read once" in caplog.text
+
+
+# --- 3. exact streaming resume after a signal ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_streaming_resume_after_a_signal_gives_the_uninterrupted_weights(corpus, tmp_path):  # noqa: F811
+    extra = ("--max_steps", "8", "--gradient_accumulation_steps", "2")
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    train_main(stream_args(corpus, straight, *extra))
+    process = run_hooked(["train", *stream_args(corpus, stopped, *extra)], TEST_STEP_DELAY="0.4")
+    deadline = time.time() + 120
+    while not has_a_train_record(stopped) and time.time() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    step = max(r["step"] for r in records(stopped, "train"))
+    assert step < 8 and (stopped / f"checkpoint-{step}" / "stream_state_0.npz").is_file()
+    train_main(stream_args(corpus, stopped, *extra, "--resume_from_checkpoint", "latest"))
+    assert_same_weights(straight, stopped)
+    assert [r["loss"] for r in records(straight, "train")] == [r["loss"] for r in records(stopped, "train")]
+
+
+# --- 4. bad bytes in a streamed corpus ---------------------------------------------------------------------
+
+
+def test_bad_bytes_deep_in_a_stream_are_named_saved_at_and_skipped(tmp_path, monkeypatch, capsys):
+    import functools
+
+    import hf_minitx.data.preprocessing as preprocessing
+    import hf_minitx.data.streaming as streaming
+
+    small = functools.partial(preprocessing.row_batches, max_rows=8)  # rows are read 8 at a time, not 1000
+    monkeypatch.setattr(streaming, "row_batches", small)
+    monkeypatch.setattr(preprocessing, "row_batches", small)
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    words = ("kan", "lor", "mis", "nel", "rum", "tap", "pod", "den")
+    lines = [" ".join(words[(i * 3 + j) % 8] for j in range(8)) + "." for i in range(200)]
+    for part in range(2):
+        (folder / f"part{part}.txt").write_text("\n".join(lines) + "\n")
+    bad = folder / "part1.txt"
+    data = bad.read_bytes()
+    offset = data.index(b"\n", len(data) // 2) + 3
+    bad.write_bytes(data[:offset] + b"\xff" + data[offset + 1:])
+    out = tmp_path / "run"
+    args = ["--dataset", str(folder / "*.txt"), "--streaming", "--sample_by", "line", "--preset", "tiny",
+            "--config_overrides", "hidden_size=32,intermediate_size=64,max_position_embeddings=64",
+            "--tokenizer_vocab_size", "300", "--tokenizer_max_texts", "20", "--block_size", "16",
+            "--output_dir", str(out), "--per_device_train_batch_size", "4", "--warmup_steps", "1",
+            "--eval_steps", "0", "--max_eval_samples", "4", "--num_sample_generations", "0", "--disable_tqdm",
+            "--num_threads", "1", "--shuffle_buffer", "0", "--max_steps", "400"]
+    assert minitx(["train", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{bad} is not UTF-8 text: the byte at offset {offset}" in err[0], err
+    assert "--skip_bad_rows" in err[0]
+    saved = sorted(out.glob("checkpoint-*"))
+    assert len(saved) == 1 and f"saved {saved[0]}" in err[0], err
+    step = json.loads((saved[0] / "run_state.json").read_text())["step"]
+    assert step > 0  # it failed deep in the stream, after training steps
+
+    REPLACED_BYTES.clear()
+    resumed = [*args[:-1], str(step + 3), "--skip_bad_rows", "--resume_from_checkpoint", "latest"]
+    assert minitx(["train", *resumed]) == 0
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["steps"] == step + 3 and summary["bad_bytes_replaced"] == {str(bad): 1}
+
+
+# --- 6. damaged checkpoints are named ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["random_states_0.pkl", "custom_checkpoint_0.pkl"])
+def test_a_missing_accelerate_state_file_is_named(two_steps, text_file, tmp_path, capsys, name):  # noqa: F811
+    run = tmp_path / "run"
+    shutil.copytree(two_steps, run)
+    (run / "checkpoint-2" / name).unlink()
+    args = ["train", *causal_args(text_file, run, "--max_steps", "4", "--resume_from_checkpoint", "latest")]
+    assert minitx(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"checkpoint-2/{name} is missing" in err[0]
+
+
+@pytest.mark.slow
+def test_a_truncated_stream_position_is_named(corpus, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    train_main(stream_args(corpus, out, "--max_steps", "2", "--checkpointing_steps", "2"))
+    position = out / "checkpoint-2" / "stream_state_0.npz"
+    position.write_bytes(position.read_bytes()[:50])
+    capsys.readouterr()
+    assert minitx(["train", *stream_args(corpus, out, "--max_steps", "4", "--resume_from_checkpoint", "latest")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{position} cannot be read (BadZipFile" in err[0]
+
+
+def test_a_foreign_checkpoint_of_another_vocabulary_is_named(two_steps, text_file, tmp_path, capsys):  # noqa: F811
+    other = tmp_path / "other"
+    train_main(causal_args(text_file, other, "--max_steps", "2", "--checkpointing_steps", "2",
+                           "--tokenizer_vocab_size", "320"))
+    run = tmp_path / "run"
+    shutil.copytree(two_steps, run)
+    weights = next((other / "checkpoint-2").glob("*model*"))
+    shutil.copy(weights, run / "checkpoint-2" / weights.name)
+    capsys.readouterr()
+    args = ["train", *causal_args(text_file, run, "--max_steps", "4", "--resume_from_checkpoint", "latest")]
+    assert minitx(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"checkpoint-2/{weights.name} does not fit this model" in err[0] and "320" in err[0]
+
+
+# --- 7. cheap checks first; the precision that ran ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--learning_rate", "-0.001"], "--learning_rate must be > 0"),
+    (["--adam_beta2", "1.5"], "--adam_beta2 must be in [0, 1)"),
+    (["--weight_decay", "-1"], "--weight_decay must be >= 0"),
+])
+def test_bad_optimizer_settings_are_refused_before_any_work(tmp_path, text_file, capsys, args, message):  # noqa: F811
+    assert minitx(["train", *causal_args(text_file, tmp_path / "run", "--max_steps", "2", *args)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert list(tmp_path.iterdir()) == []  # no output folder, no hidden staging folder
+
+
+def test_a_target_length_of_one_is_refused_before_any_work(tmp_path, capsys):
+    assert minitx(["train", *seq2seq_args(tmp_path / "run", "--max_steps", "2", "--max_target_length", "1")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--max_target_length must be >= 2" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failure_after_the_tokenizer_was_trained_leaves_no_staging_folder(tmp_path, text_file, monkeypatch):  # noqa: F811
+    def broken(*args, **kwargs):
+        raise ValueError("packing failed")
+
+    monkeypatch.setattr(loop, "prepare_data", broken)
+    with pytest.raises(ValueError, match="packing failed"):
+        train_main(causal_args(text_file, tmp_path / "run", "--max_steps", "2"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fp16_on_a_cpu_is_recorded_as_what_ran(tmp_path, text_file, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    train_main(causal_args(text_file, out, "--max_steps", "1", "--mixed_precision", "fp16"))
+    assert "training runs in fp32" in capsys.readouterr().out
+    assert json.loads((out / "training_summary.json").read_text())["mixed_precision"] == "no"
+    assert "| Mixed precision | none (fp32) |" in (out / "README.md").read_text()
+
+
+def test_bad_bytes_in_a_text_file_read_in_memory_are_named_or_replaced(tmp_path):
+    from hf_minitx.data.corpus import UndecodableText
+
+    path = tmp_path / "latin.txt"
+    text = "".join(f"line {i} of some text\n" for i in range(50)).encode()
+    path.write_bytes(text[:300] + "café".encode("latin-1") + text[300:])
+    offset = 300 + len(b"caf")
+    with pytest.raises(UndecodableText, match=f"{path} is not UTF-8 text: the byte at offset {offset} "):
+        load_corpus(str(path))
+    loaded = load_corpus(str(path), skip_bad_rows=True)
+    texts = "".join([*loaded["train"]["text"], *loaded["validation"]["text"]])
+    assert "caf\ufffd" in texts and len(texts) == len(text) + 4
