@@ -168,7 +168,10 @@ class TokenizerArguments:
     model_max_length: int = field(default=1024, metadata={"help": "saved model_max_length"})
     seed: int = field(default=42, metadata={"help": "seed of the validation carve-out and sampling"})
     streaming: bool = field(default=False, metadata={"help": "stream the corpus (use with --max_texts)"})
-    overwrite: bool = field(default=False, metadata={"help": "replace a non-empty --output_dir (refused otherwise)"})
+    overwrite: bool = field(default=False, metadata={
+        "help": "replace a tokenizer folder minitx train-tokenizer made (refused otherwise)"})
+    overwrite_any_folder: bool = field(default=False, metadata={
+        "help": "replace --output_dir even when minitx did not make it (deletes every file in it)"})
 
 
 def check_tokenizer_arguments(args: TokenizerArguments) -> None:
@@ -199,7 +202,9 @@ def main(argv: Sequence[str] | None = None) -> Path:
         "(loads with AutoTokenizer.from_pretrained, no custom code)."))
     check_tokenizer_arguments(args)
     output_dir = check_output_folder(args.output_dir, flag="--overwrite", overwrite=args.overwrite,
-                                     inputs=[("--dataset", path) for path in local_inputs(args.dataset)])
+                                     inputs=[("--dataset", path) for path in local_inputs(args.dataset)],
+                                     command="train-tokenizer", any_flag="--overwrite_any_folder",
+                                     overwrite_any=args.overwrite_any_folder)
     task = args.task or corpus_task(args.dataset) or (
         "seq2seq" if args.source_column or args.target_column else "causal-lm"
     )
