@@ -98,6 +98,16 @@ def train_bpe_tokenizer(
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# how a tokenizer was loaded, which transformers keeps in init_kwargs and save_pretrained would write out
+LOAD_TIME_KEYS = ("is_local", "local_files_only", "cache_dir", "force_download", "token", "revision", "subfolder",
+                  "trust_remote_code", "_commit_hash")
+
+
+def _loaded(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    """The tokenizer without the load-time keys, so saving it again writes only what defines it."""
+    for key in LOAD_TIME_KEYS:
+        tokenizer.init_kwargs.pop(key, None)
+    return tokenizer
 
 
 def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerFast:
@@ -108,7 +118,7 @@ def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerFast:
     """
     folder = Path(path_or_name)
     if not folder.is_dir():
-        return AutoTokenizer.from_pretrained(path_or_name)
+        return _loaded(AutoTokenizer.from_pretrained(path_or_name))
     missing = [name for name in TOKENIZER_FILES if not (folder / name).is_file()]
     if len(missing) == len(TOKENIZER_FILES):
         raise FileNotFoundError(f"{folder} holds no tokenizer (no tokenizer.json or tokenizer_config.json); pass a "
@@ -124,7 +134,7 @@ def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerFast:
             raise ValueError(f"{folder / name} is damaged (not valid JSON: {error}); save the tokenizer again "
                              "or copy an intact file back") from None
     try:
-        return AutoTokenizer.from_pretrained(folder)
+        return _loaded(AutoTokenizer.from_pretrained(folder))
     except Exception as error:  # the library's own reasons for a file that parses but is not a tokenizer
         raise ValueError(f"{folder / 'tokenizer.json'} could not be loaded as a tokenizer "
                          f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); save the tokenizer again") from None
