@@ -205,7 +205,7 @@ def _save_marked(tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> Path:
     """`minitx train-tokenizer`: train and save the tokenizer; returns the output folder."""
     from ..cli import parse_arguments
-    from .corpus import corpus_task, iter_training_texts, load_corpus, local_inputs
+    from .corpus import TooSmallToSplit, corpus_task, iter_training_texts, load_corpus, local_inputs
 
     (args,) = parse_arguments([TokenizerArguments], argv, prog="minitx train-tokenizer", description=(
         "Train hf_minitx's byte-level BPE on a corpus and save it as a stock transformers tokenizer folder "
@@ -218,11 +218,13 @@ def main(argv: Sequence[str] | None = None) -> Path:
     task = args.task or corpus_task(args.dataset) or (
         "seq2seq" if args.source_column or args.target_column else "causal-lm"
     )
-    corpus = load_corpus(
-        args.dataset, task=task, dataset_config=args.dataset_config, text_column=args.text_column,
-        source_column=args.source_column, target_column=args.target_column, seed=args.seed,
-        streaming=args.streaming, num_examples=args.num_examples, sample_by=args.sample_by,
-    )
+    options = dict(task=task, dataset_config=args.dataset_config, text_column=args.text_column,
+                   source_column=args.source_column, target_column=args.target_column, seed=args.seed,
+                   streaming=args.streaming, num_examples=args.num_examples, sample_by=args.sample_by)
+    try:  # the train split training will read, when the corpus is large enough to carve a validation split
+        corpus = load_corpus(args.dataset, **options)
+    except TooSmallToSplit:  # a tokenizer needs no validation: train on the whole small corpus
+        corpus = load_corpus(args.dataset, validation_split=None, **options)
     start = time.perf_counter()
     tokenizer = train_bpe_tokenizer(
         iter_training_texts(corpus["train"], max_texts=args.max_texts, seed=args.seed),

@@ -1,7 +1,11 @@
 """Bad corpora and tokenizer folders end in one clear error that names the problem (issue: bad input sweep)."""
 
+import gzip
+from pathlib import Path
+
 import datasets
 import pytest
+from transformers import AutoTokenizer
 
 from hf_minitx.cli import main as minitx
 from hf_minitx.data import load_corpus, tokenize_and_pack, train_bpe_tokenizer
@@ -73,3 +77,44 @@ def test_folder_of_mixed_file_types_is_refused_not_half_read(tmp_path):
     (folder / "b.jsonl").write_text("".join(f'{{"text": "{t}"}}\n' for t in TEXTS))
     with pytest.raises(ValueError, match=r"holds data files of several types \(.jsonl, .txt\)"):
         load_corpus(str(folder))
+
+
+# --- files minitx cannot read, shell-expanded globs, corpora too small to carve validation from -----------
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("corpus.txt.gz", gzip.compress(b"some text\n"), "is gzip-compressed (.gz)"),
+    ("data.bin", bytes(range(256)) * 8, "is binary data (not UTF-8 text) (.bin)"),
+    ("corpus", b"plain text without an extension\n", "is UTF-8 text (no extension)"),
+])
+def test_an_unsupported_file_is_described_not_blamed_on_the_hub(tmp_path, monkeypatch, capsys, name, content, says):
+    monkeypatch.chdir(tmp_path)
+    Path(name).write_bytes(content)
+    assert minitx(["train-tokenizer", "--dataset", name, "--vocab_size", "300", "--output_dir", "tok"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{name} {says}" in err[0] and ".txt, .json, .jsonl, .csv, .parquet" in err[0], err
+    assert "Hub" not in err[0] and not Path("tok").exists()
+
+
+def test_an_unquoted_glob_is_named_as_such(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("shards").mkdir()
+    files = [f"shards/part{i:02d}.txt" for i in range(29)]
+    for name in files:
+        Path(name).write_text("text\n")
+    assert minitx(["train-tokenizer", "--dataset", *files, "--output_dir", "tok"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--dataset got 29 paths" in err and "unquoted glob" in err and "--dataset 'shards/*.txt'" in err
+    assert "part05.txt" not in err  # not the 29 names
+    assert minitx(["train-tokenizer", "--dataset", files[0], "--no_such_option", "1", "--output_dir", "tok"]) == 2
+    assert "unrecognized arguments: --no_such_option 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["one line of text, the whole corpus\n", "a\nb\n"])
+def test_train_tokenizer_on_a_tiny_corpus_needs_no_validation_split(tmp_path, text):
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text(text)
+    assert minitx(["train-tokenizer", "--dataset", str(corpus), "--vocab_size", "300", "--output_dir",
+                   str(tmp_path / "tok")]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
