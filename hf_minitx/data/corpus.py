@@ -187,11 +187,34 @@ def rows_from_lines(lines: Iterable[str], sample_by: str, chunk_chars: int | Non
         yield {"text": "".join(pending), DOC_END: True}
 
 
+def bounded_lines(handle: Any, limit: int) -> Iterator[str]:
+    """The lines of a text handle, a line longer than ``limit`` characters given in pieces of at most about
+    ``limit``: each cut is before a space that starts a word, where byte-level BPE splits anyway, so a
+    one-line file of any size is read (and tokenized) in bounded memory."""
+    carry = ""
+    while True:
+        wanted = max(limit - len(carry), 1)
+        line = handle.readline(wanted)
+        piece, carry = carry + line, ""
+        if not piece:
+            return
+        if piece.endswith(("\n", "\r")) or len(line) < wanted:  # a whole line, or the end of the file
+            yield piece
+            continue
+        cut = piece.rfind(" ", 0, len(piece) - 1)  # a space followed by one more character
+        while cut > 0 and piece[cut + 1].isspace():
+            cut = piece.rfind(" ", 0, cut)
+        if cut <= 0:  # no word start in the piece: cut anywhere (one giant word)
+            cut = len(piece)
+        yield piece[:cut]
+        carry = piece[cut:]
+
+
 def _text_file_rows(files: list[str], sample_by: str, chunk_chars: int) -> Iterator[dict]:
     """Rows of text files, one document per file; newlines kept as they are (``newline=""``)."""
     for path in files:
         with xopen(path, "r", encoding="utf-8", newline="") as handle:
-            yield from rows_from_lines(handle, sample_by, chunk_chars)
+            yield from rows_from_lines(bounded_lines(handle, chunk_chars), sample_by, chunk_chars)
 
 
 def _record_rows(split: AnyDataset, sample_by: str, chunk_chars: int) -> Iterator[dict]:
