@@ -153,9 +153,11 @@ def _training_texts(split: AnyDataset, max_texts: int | None, seed: int) -> Iter
 
 def _clean_cut(line: str, next_line: str) -> bool:
     """Whether a chunk may end after ``line``: a non-space character, one line break, then a line that
-    starts with a non-space character. Byte-level BPE splits there anyway, so chunks tokenize like the
+    starts with a non-space character (or, inside a long line, a non-space character then a word start). Byte-level BPE splits there anyway, so chunks tokenize like the
     whole document."""
     body = line.rstrip("\r\n")
+    if body == line:  # a piece of a long line (``bounded_lines``): clean before a space that starts a word
+        return bool(body) and not body[-1].isspace() and next_line[:1] == " " and next_line[1:2].strip() != ""
     return bool(body) and not body[-1].isspace() and bool(next_line) and not next_line[0].isspace()
 
 
@@ -189,8 +191,9 @@ def rows_from_lines(lines: Iterable[str], sample_by: str, chunk_chars: int | Non
 
 def bounded_lines(handle: Any, limit: int) -> Iterator[str]:
     """The lines of a text handle, a line longer than ``limit`` characters given in pieces of at most about
-    ``limit``: each cut is before a space that starts a word, where byte-level BPE splits anyway, so a
-    one-line file of any size is read (and tokenized) in bounded memory."""
+    ``limit``: each cut is between a word's end and a space that starts the next word, where byte-level
+    BPE splits anyway (a clean cut for ``rows_from_lines``), so a one-line file of any size is read (and
+    tokenized) in bounded memory."""
     carry = ""
     while True:
         wanted = max(limit - len(carry), 1)
@@ -202,7 +205,7 @@ def bounded_lines(handle: Any, limit: int) -> Iterator[str]:
             yield piece
             continue
         cut = piece.rfind(" ", 0, len(piece) - 1)  # a space followed by one more character
-        while cut > 0 and piece[cut + 1].isspace():
+        while cut > 0 and (piece[cut + 1].isspace() or piece[cut - 1].isspace()):  # word, space, word
             cut = piece.rfind(" ", 0, cut)
         if cut <= 0:  # no word start in the piece: cut anywhere (one giant word)
             cut = len(piece)

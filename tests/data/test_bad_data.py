@@ -118,3 +118,46 @@ def test_train_tokenizer_on_a_tiny_corpus_needs_no_validation_split(tmp_path, te
                    str(tmp_path / "tok")]) == 0
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
     assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+
+
+ONE_LINE_RSS = """
+import resource, sys
+from hf_minitx.data.corpus import TEXT_CHUNK_CHARS, _text_file_rows
+from hf_minitx.data.preprocessing import encode_rows, row_batches
+from hf_minitx.data.tokenizer import load_tokenizer
+tokenizer = load_tokenizer(sys.argv[2])
+longest = tokens = 0
+for batch in row_batches(_text_file_rows([sys.argv[1]], "document", TEXT_CHUNK_CHARS)):
+    longest = max([longest, *map(len, batch["text"])])
+    tokens += sum(map(len, encode_rows(batch["text"], batch["doc_end"], tokenizer, 2, "uint16")))
+print(longest, tokens, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+@pytest.mark.slow
+def test_a_one_line_file_is_read_in_bounded_pieces_that_tokenize_like_the_whole(tmp_path):
+    import io
+    import random
+    import subprocess
+    import sys
+
+    from hf_minitx.data.corpus import bounded_lines
+
+    rng = random.Random(0)
+    words = ["the", "of", "and", "  spaced", "tab\t", "x" * 40, "é", "end."]
+    text = " ".join(rng.choice(words) for _ in range(4_000_000))  # ~20 MB, no line break
+    pieces = list(bounded_lines(io.StringIO(text[:200_000], newline=""), 1000))
+    assert "".join(pieces) == text[:200_000] and max(map(len, pieces)) <= 1000
+    assert all(p.startswith(" ") and not p[1].isspace() for p in pieces[1:])  # cut where a word starts
+    tokenizer = train_bpe_tokenizer([text[:100_000]], vocab_size=400)
+    encode = tokenizer.backend_tokenizer.encode
+    assert sum((encode(p, add_special_tokens=False).ids for p in pieces), []) == \
+        encode(text[:200_000], add_special_tokens=False).ids
+    corpus = tmp_path / "one-line.txt"
+    corpus.write_text(text)
+    tokenizer.save_pretrained(tmp_path / "tok")
+    done = subprocess.run([sys.executable, "-c", ONE_LINE_RSS, str(corpus), str(tmp_path / "tok")],
+                          capture_output=True, text=True, timeout=600)
+    longest, tokens, peak_mb = map(int, done.stdout.split())
+    assert longest <= 2 * (1 << 20) and tokens > 1_000_000
+    assert peak_mb < 1024, f"peak RSS {peak_mb} MB reading a 20 MB one-line file"
