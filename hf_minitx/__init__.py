@@ -18,39 +18,7 @@ Importing the package registers `MiniTxConfig` and the models with transformers'
 import os as _os
 import sys as _sys
 
-try:  # the first seconds of every `minitx` command: Ctrl-C here ends the command in one line (exit 130)
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
-
-    from .models import (
-        MiniTxConfig,
-        MiniTxForCausalLM,
-        MiniTxForConditionalGeneration,
-        MiniTxModel,
-        MiniTxPreTrainedModel,
-    )
-except KeyboardInterrupt:
-    if _sys.argv and (_sys.argv[0] == "-m" or _os.path.basename(_sys.argv[0]) == "minitx"):  # the command
-        print("interrupted while starting; nothing was written", file=_sys.stderr, flush=True)
-        _os._exit(130)  # nothing is open yet; SystemExit here can still end as a death by SIGINT
-    raise  # imported as a library: the caller decides
-
 __version__ = "0.1.0"
-
-
-def _register() -> None:
-    """Register with the Auto classes here, and mark the classes so save_pretrained writes `auto_map` + code."""
-    AutoConfig.register(MiniTxConfig.model_type, MiniTxConfig, exist_ok=True)
-    AutoModel.register(MiniTxConfig, MiniTxModel, exist_ok=True)
-    AutoModelForCausalLM.register(MiniTxConfig, MiniTxForCausalLM, exist_ok=True)
-    AutoModelForSeq2SeqLM.register(MiniTxConfig, MiniTxForConditionalGeneration, exist_ok=True)
-    MiniTxConfig.register_for_auto_class("AutoConfig")
-    MiniTxModel.register_for_auto_class("AutoModel")
-    MiniTxForCausalLM.register_for_auto_class("AutoModelForCausalLM")
-    MiniTxForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
-
-
-_register()
-
 __all__ = [
     "MiniTxConfig",
     "MiniTxPreTrainedModel",
@@ -58,3 +26,48 @@ __all__ = [
     "MiniTxForCausalLM",
     "MiniTxForConditionalGeneration",
 ]
+
+
+def _as_command() -> bool:
+    """Whether this import starts the `minitx` command (`minitx ...` or `python -m hf_minitx ...`)."""
+    return bool(_sys.argv) and (_sys.argv[0] == "-m" or _os.path.basename(_sys.argv[0]) == "minitx")
+
+
+def _help_only() -> bool:
+    """`minitx`, `minitx --help` or `minitx --version`: the command prints a few lines and needs neither torch
+    nor transformers, so they are not imported (the classes still load on first use)."""
+    return _as_command() and (len(_sys.argv) < 2 or _sys.argv[1] in ("-h", "--help", "--version"))
+
+
+def _load() -> None:
+    """Import the models and register them with the Auto classes, and mark the classes so save_pretrained
+    writes `auto_map` + code."""
+    try:  # the first seconds of every `minitx` command: Ctrl-C here ends the command in one line (exit 130)
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+        from . import models
+    except KeyboardInterrupt:
+        if _as_command():
+            print("interrupted while starting; nothing was written", file=_sys.stderr, flush=True)
+            _os._exit(130)  # nothing is open yet; SystemExit here can still end as a death by SIGINT
+        raise  # imported as a library: the caller decides
+    AutoConfig.register(models.MiniTxConfig.model_type, models.MiniTxConfig, exist_ok=True)
+    AutoModel.register(models.MiniTxConfig, models.MiniTxModel, exist_ok=True)
+    AutoModelForCausalLM.register(models.MiniTxConfig, models.MiniTxForCausalLM, exist_ok=True)
+    AutoModelForSeq2SeqLM.register(models.MiniTxConfig, models.MiniTxForConditionalGeneration, exist_ok=True)
+    models.MiniTxConfig.register_for_auto_class("AutoConfig")
+    models.MiniTxModel.register_for_auto_class("AutoModel")
+    models.MiniTxForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+    models.MiniTxForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+    globals().update({name: getattr(models, name) for name in __all__})
+
+
+def __getattr__(name: str):  # only reached when the help-only start skipped _load
+    if name in __all__:
+        _load()
+        return globals()[name]
+    raise AttributeError(f"module 'hf_minitx' has no attribute {name!r}")
+
+
+if not _help_only():
+    _load()

@@ -88,7 +88,33 @@ def parse_arguments(
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     if defaults:
         parser.set_defaults(**defaults)
-    return tuple(parser.parse_args_into_dataclasses(args=list(argv or [])))
+    *parsed, extra = parser.parse_args_into_dataclasses(args=list(argv or []), return_remaining_strings=True)
+    if extra:
+        raise ValueError(_unused_message(list(argv or []), extra))
+    return tuple(parsed)
+
+
+def _unused_message(argv: list[str], extra: list[str]) -> str:
+    """Why arguments were left over: most often an unquoted glob the shell expanded into many file names."""
+    first = argv.index(extra[0]) if extra[0] in argv else -1
+    option = next((argv[i] for i in range(first - 1, -1, -1) if argv[i].startswith("--")), None)
+    paths = [arg for arg in extra if os.path.exists(arg)]
+    if option and first > 0 and paths and len(paths) == len(extra):
+        named = argv[argv.index(option) + 1]
+        shown = ", ".join([named, *extra][:3]) + (f" and {len(extra) - 2} more" if len(extra) > 2 else "")
+        return (f"{option} got {len(extra) + 1} paths ({shown}): the shell expanded an unquoted glob. Quote the "
+                f"pattern so minitx expands it, e.g. {option} '{_common_pattern([named, *extra])}', or join files "
+                "with commas")
+    shown = " ".join(extra[:5]) + (f" ... ({len(extra)} in all)" if len(extra) > 5 else "")
+    return f"unrecognized arguments: {shown}"
+
+
+def _common_pattern(paths: list[str]) -> str:
+    """A glob that matches ``paths``: their shared folder, then * with their shared extension."""
+    folder = os.path.commonpath([os.path.dirname(p) or "." for p in paths])
+    suffixes = {os.path.splitext(p)[1] for p in paths}
+    name = "*" + (suffixes.pop() if len(suffixes) == 1 else "")
+    return name if folder in ("", ".") else os.path.join(folder, name)
 
 
 def one_line(message: str) -> str:

@@ -7,6 +7,13 @@ Folders (`train`, `experiment`, `train-tokenizer`, `push --dry_run`):
   given (``--overwrite_output_dir`` for train, ``--overwrite`` elsewhere) or the run is resumed;
 - a folder a command made holds ``RUN_MARKER`` (JSON: command, run id): resuming checks that the folder
   and the checkpoint belong to the same run;
+- one writer per folder: a run holds ``LOCK_FILE`` (pid and host) while it writes; a second writer is refused
+  while the first lives, and the lock of a process that died is taken over with a note;
+- a symlinked folder is resolved first (the real folder holds the run; the link stays), and ``.`` is the
+  current folder (used when empty or resumed, never replaced);
+- an output folder inside an input folder, or an input inside the output folder, is refused;
+- the replace flag replaces only a folder a minitx command made (the marker, or a run's files); anything
+  else needs ``--overwrite_any_folder`` (train) or is refused, naming what it would delete;
 - the old contents are removed only after every check has passed (``replace_folder``), and new folders
   are built in a hidden sibling and renamed into place (``write_folder``), so an interruption leaves the
   old complete folder or the new complete one.
@@ -17,15 +24,19 @@ Single files (`visualize --out`, `explore --out`, `benchmark --json`): written t
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
+import socket
+import sys
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 RUN_MARKER = ".minitx-run.json"
+LOCK_FILE = ".minitx-lock"  # held (flock) by the process writing the folder; JSON: pid, host, command
 PARTIAL_SUFFIX = ".partial"  # hidden siblings being written: `.NAME.partial-<pid>`
 WRITTEN_BY = "hf_minitx"  # the tag our single-file outputs carry (PNG text chunk "Software", JSON "written_by")
 
@@ -42,7 +53,7 @@ class FolderRefused(FileExistsError, ValueError):
 
 def describe_contents(folder: Path, limit: int = 5) -> str:
     """A short listing such as "tokenizer.json, README.md and 3 more"."""
-    names = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir() if p.name != LOCK_FILE)
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
@@ -55,25 +66,80 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
         return None
 
 
+def output_path(path: str | Path, *, option: str = "--output_dir") -> Path:
+    """The folder ``path`` names, with a symlink (or ``.``/``..``) resolved to the real folder, so that
+    replacing it replaces the real folder's contents and leaves the link in place."""
+    if not str(path).strip():
+        raise ValueError(f"{option} is empty; give a folder path")
+    folder = Path(path).expanduser()
+    if folder.is_symlink() or folder.name in ("", ".", ".."):
+        folder = folder.resolve()
+    return folder
+
+
 def check_output_folder(
     path: str | Path, *, flag: str | None, overwrite: bool, option: str = "--output_dir",
-    inputs: Iterable[tuple[str, str | Path]] = (),
+    inputs: Iterable[tuple[str, str | Path]] = (), command: str | None = None, any_flag: str | None = None,
+    overwrite_any: bool = False,
 ) -> Path:
-    """Refuse a file, or a non-empty folder without ``overwrite`` (``flag`` names the option that replaces;
-    None: nothing may replace it), or a folder to be replaced that holds one of the ``inputs`` the command
-    reads ((option, path) pairs: a dataset file, a tokenizer folder, a preset); nothing is written.
-    Returns the path."""
-    folder = Path(path)
+    """Refuse a file, a folder another live process writes, a folder inside an input or holding one, or a
+    non-empty folder without ``overwrite`` (``flag`` names the option that replaces; None: nothing may
+    replace it). With ``overwrite``, only a folder a minitx command made is replaced (``command``: only
+    one that command made), unless ``overwrite_any`` (``any_flag`` names that option). ``inputs`` are
+    the (option, path) pairs the command reads. Nothing is written; returns the resolved folder."""
+    folder = output_path(path, option=option)
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"{option} {folder} is a file, not a folder; give a folder path")
-    if folder.is_dir() and any(folder.iterdir()):
+    check_apart(folder, inputs, option=option)
+    if folder.is_dir():
+        check_not_locked(folder, option=option)
+    if folder.is_dir() and describe_contents(folder):
+        check_inputs_outside(folder, inputs, option=option)
         if not overwrite:
             remedy = (f"Pass {flag} to replace it, or choose another {option}." if flag
                       else f"Choose a new or empty {option}.")
             raise FolderRefused(f"{option} {folder} already exists and is not empty: {_what_it_holds(folder)} "
                                 f"({describe_contents(folder)}). {remedy}")
-        check_inputs_outside(folder, inputs, option=option)
+        check_replaceable(folder, option=option, command=command, any_flag=any_flag, overwrite_any=overwrite_any)
     return folder
+
+
+def check_replaceable(folder: Path, *, option: str, command: str | None, any_flag: str | None,
+                      overwrite_any: bool) -> None:
+    """A replace flag replaces a folder a minitx command made (``command``: that command's folders only);
+    anything else is refused, naming what would be deleted, unless ``overwrite_any``."""
+    if folder.resolve() in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
+        raise FolderRefused(f"{option} {folder} is the current folder (or holds it): replacing it would delete the "
+                            f"folder you are in ({describe_contents(folder)}); choose a subfolder as {option}")
+    if overwrite_any:
+        return
+    made_by = read_marker(folder)
+    count = sum(1 for p in folder.iterdir() if p.name != LOCK_FILE)
+    what = f"{count} entr{'y' if count == 1 else 'ies'}: {describe_contents(folder)}"
+    if made_by is None and not holds_run_files(folder):
+        remedy = f"pass {any_flag} to delete them anyway, or" if any_flag else "delete them yourself, or"
+        raise FolderRefused(f"{option} {folder} was not made by minitx; replacing it would delete {what}. The "
+                            f"replace flag only replaces a minitx folder: {remedy} choose another {option}")
+    if command is not None and made_by is not None and made_by.get("command") != command:
+        raise FolderRefused(f"{option} {folder} holds a run of `minitx {made_by.get('command')}` ({what}); "
+                            f"`minitx {command}` replaces only a folder `minitx {command}` made. Choose another "
+                            f"{option}")
+
+
+def holds_run_files(folder: Path) -> bool:
+    """Whether ``folder`` holds what a training run writes (a model, metrics, checkpoints)."""
+    return any((folder / name).exists() for name in RUN_FILES) or any(folder.glob("checkpoint-*"))
+
+
+def check_apart(folder: Path, inputs: Iterable[tuple[str, str | Path]], *, option: str) -> None:
+    """Refuse an output folder that is, or lies inside, an input folder of the command (writing there mixes
+    the run into the data); an input inside the output folder is ``check_inputs_outside``'s job."""
+    root = folder.resolve()
+    for name, path in inputs:
+        where = Path(path).expanduser().resolve()
+        if where.is_dir() and (where == root or where in root.parents):
+            raise FolderRefused(f"{option} {folder} is inside {path} ({name}), which this command reads: the run "
+                                f"would be written into its own input; choose an {option} outside {path}")
 
 
 def check_inputs_outside(folder: Path, inputs: Iterable[tuple[str, str | Path]], *, option: str) -> None:
@@ -85,6 +151,76 @@ def check_inputs_outside(folder: Path, inputs: Iterable[tuple[str, str | Path]],
             raise FolderRefused(
                 f"{option} {folder} holds {path} ({name}), which this command reads: replacing the folder would "
                 f"delete it; move that input out of {folder} or choose another {option}")
+
+
+# --- one writer per folder ----------------------------------------------------------------------------
+
+_held: dict[Path, int] = {}  # folder -> descriptor of the lock file this process holds
+
+
+def _lock_owner(fd: int) -> dict[str, Any]:
+    try:
+        owner = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return owner if isinstance(owner, dict) else {}
+
+
+def _describe_owner(owner: dict[str, Any]) -> str:
+    return (f"`minitx {owner.get('command', '?')}` (pid {owner.get('pid', '?')} on {owner.get('host', '?')}, "
+            f"lock {LOCK_FILE})")
+
+
+def check_not_locked(folder: Path, *, option: str = "--output_dir") -> None:
+    """Refuse a folder whose lock another live process holds; reads only."""
+    path = folder / LOCK_FILE
+    if folder.resolve() in _held or not path.is_file():
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise FolderRefused(f"{option} {folder} is being written by {_describe_owner(_lock_owner(fd))}; wait for "
+                            f"it to finish or stop it, or choose another {option}") from None
+    finally:
+        os.close(fd)
+
+
+def lock_folder(folder: Path, *, command: str, option: str = "--output_dir") -> None:
+    """Take the lock of ``folder`` (created if missing) for this process, until ``unlock_folder`` or exit.
+
+    A lock held by a live process refuses; one left by a process that died (the kernel released it) is
+    taken over with a note on stderr."""
+    key = folder.resolve()
+    if key in _held:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = _lock_owner(fd)
+        os.close(fd)
+        raise FolderRefused(f"{option} {folder} is being written by {_describe_owner(owner)}; wait for it to "
+                            f"finish or stop it, or choose another {option}") from None
+    stale = _lock_owner(fd)
+    if stale:
+        print(f"note: {folder} was locked by {_describe_owner(stale)}, which is no longer running; taking it over",
+              file=sys.stderr)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command}).encode(), 0)
+    _held[key] = fd
+
+
+def unlock_folder(folder: Path) -> None:
+    """Release (and remove) the lock this process holds on ``folder``; nothing when it holds none."""
+    fd = _held.pop(folder.resolve(), None)
+    if fd is not None:
+        (folder / LOCK_FILE).unlink(missing_ok=True)
+        os.close(fd)
 
 
 def check_marker(folder: Path) -> dict[str, Any] | None:
@@ -108,7 +244,7 @@ def _what_it_holds(folder: Path) -> str:
     made_by = read_marker(folder)
     if made_by:
         return f"it already holds a run of `minitx {made_by.get('command')}`"
-    if any((folder / name).exists() for name in RUN_FILES) or any(folder.glob("checkpoint-*")):
+    if holds_run_files(folder):
         return "it already holds a run"
     return "it holds files this command did not make"
 
@@ -116,14 +252,19 @@ def _what_it_holds(folder: Path) -> str:
 def replace_folder(folder: Path, *, command: str, run_id: str | None = None) -> str:
     """Empty ``folder`` (create it if needed) and mark it as this command's run; returns the run id.
 
-    Call only after every check passed. The old contents are renamed away first, then deleted, so a crash
-    never leaves a half-deleted mix in ``folder``.
+    Call only after every check passed. The folder is locked for this process first (a live writer
+    refuses); the old contents are renamed away, then deleted, so a crash never leaves a half-deleted mix
+    in ``folder``; the lock moves into the new folder with the same open file.
     """
-    if folder.is_dir() and any(folder.iterdir()):
+    lock_folder(folder, command=command)
+    if describe_contents(folder):
         trash = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+        fresh = folder.with_name(f".{folder.name}.new-{os.getpid()}")
+        fresh.mkdir()
+        os.replace(folder / LOCK_FILE, fresh / LOCK_FILE)
         folder.rename(trash)
+        fresh.rename(folder)
         shutil.rmtree(trash, ignore_errors=True)
-    folder.mkdir(parents=True, exist_ok=True)
     run_id = run_id or uuid.uuid4().hex[:12]
     write_marker(folder, command=command, run_id=run_id)
     return run_id

@@ -104,3 +104,12 @@ def test_every_script_wraps_one_subcommand():
         text = script.read_text()
         called = text.split('_minitx.run("')[1].split('"')[0]
         assert called in names, script
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], []])
+def test_top_level_help_imports_neither_torch_nor_transformers(args):
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "hf_minitx", *args], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines() if "|" in line}
+    assert "hf_minitx" in imported and not {"torch", "transformers", "datasets"} & imported
+    assert ("subcommands:" in done.stdout) if args != ["--version"] else done.stdout.startswith("hf_minitx ")

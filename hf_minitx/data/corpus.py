@@ -78,7 +78,7 @@ def load_corpus(
     text_column: str = "text",
     source_column: str | None = None,
     target_column: str | None = None,
-    validation_split: float | int = 0.05,
+    validation_split: float | int | None = 0.05,
     seed: int = 42,
     streaming: bool = False,
     num_examples: int | None = None,
@@ -92,9 +92,11 @@ def load_corpus(
     or paragraphs/lines with ``sample_by``) go to one side; a corpus of one document gives the last
     fraction of its lines. ``sample_by`` says what ends a causal-LM sample (module docstring).
     ``num_examples`` sizes the generated built-in tasks. With ``streaming=True`` nothing is loaded in
-    memory, an ``IterableDatasetDict`` is returned and validation is carved by rows. Bytes of a text file that
-    are not UTF-8 raise ``UndecodableText`` naming the file and the offset; ``skip_bad_rows`` replaces them
-    with U+FFFD instead (counted per file in ``REPLACED_BYTES``).
+    memory, an ``IterableDatasetDict`` is returned and validation is carved by rows. ``validation_split=None``
+    carves nothing (only train, for a command that needs no validation); a corpus too small to carve from
+    raises ``TooSmallToSplit``. Bytes of a text file that are not UTF-8 raise ``UndecodableText`` naming the
+    file and the offset; ``skip_bad_rows`` replaces them with U+FFFD instead (counted per file in
+    ``REPLACED_BYTES``).
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
@@ -160,9 +162,11 @@ def _training_texts(split: AnyDataset, max_texts: int | None, seed: int) -> Iter
 
 def _clean_cut(line: str, next_line: str) -> bool:
     """Whether a chunk may end after ``line``: a non-space character, one line break, then a line that
-    starts with a non-space character. Byte-level BPE splits there anyway, so chunks tokenize like the
+    starts with a non-space character (or, inside a long line, a non-space character then a word start). Byte-level BPE splits there anyway, so chunks tokenize like the
     whole document."""
     body = line.rstrip("\r\n")
+    if body == line:  # a piece of a long line (``bounded_lines``): clean before a space that starts a word
+        return bool(body) and not body[-1].isspace() and next_line[:1] == " " and next_line[1:2].strip() != ""
     return bool(body) and not body[-1].isspace() and bool(next_line) and not next_line[0].isspace()
 
 
@@ -194,6 +198,30 @@ def rows_from_lines(lines: Iterable[str], sample_by: str, chunk_chars: int | Non
         yield {"text": "".join(pending), DOC_END: True}
 
 
+def bounded_lines(handle: Any, limit: int) -> Iterator[str]:
+    """The lines of a text handle, a line longer than ``limit`` characters given in pieces of at most about
+    ``limit``: each cut is between a word's end and a space that starts the next word, where byte-level
+    BPE splits anyway (a clean cut for ``rows_from_lines``), so a one-line file of any size is read (and
+    tokenized) in bounded memory."""
+    carry = ""
+    while True:
+        wanted = max(limit - len(carry), 1)
+        line = handle.readline(wanted)
+        piece, carry = carry + line, ""
+        if not piece:
+            return
+        if piece.endswith(("\n", "\r")) or len(line) < wanted:  # a whole line, or the end of the file
+            yield piece
+            continue
+        cut = piece.rfind(" ", 0, len(piece) - 1)  # a space followed by one more character
+        while cut > 0 and (piece[cut + 1].isspace() or piece[cut - 1].isspace()):  # word, space, word
+            cut = piece.rfind(" ", 0, cut)
+        if cut <= 0:  # no word start in the piece: cut anywhere (one giant word)
+            cut = len(piece)
+        yield piece[:cut]
+        carry = piece[cut:]
+
+
 class UndecodableText(ValueError):
     """A text file holds bytes that are not UTF-8 (the message names the file, the byte offset and the fix)."""
 
@@ -218,7 +246,7 @@ def _text_file_rows(files: list[str], sample_by: str, chunk_chars: int, skip_bad
         try:
             with xopen(path, "r", encoding="utf-8", newline="",
                        errors="minitx-replace" if skip_bad_rows else "strict") as handle:
-                for row in rows_from_lines(handle, sample_by, chunk_chars):
+                for row in rows_from_lines(bounded_lines(handle, chunk_chars), sample_by, chunk_chars):
                     if _replaced[0] > before:  # a file read again (next epoch) is not counted twice
                         REPLACED_BYTES[str(path)] = max(REPLACED_BYTES.get(str(path), 0), _replaced[0] - before)
                     yield row
@@ -307,7 +335,34 @@ def _looks_like_path(dataset: str) -> bool:
         or dataset.startswith((".", "/", "~"))
         or Path(dataset).suffix.lower() in FILE_BUILDERS
         or os.sep != "/" and os.sep in dataset
+        or os.path.isfile(os.path.expanduser(dataset))  # an existing file is local, whatever its name
     )
+
+
+COMPRESSED = {b"\x1f\x8b": "gzip-compressed", b"PK\x03\x04": "a zip archive", b"BZh": "bzip2-compressed",
+              b"\xfd7zXZ": "xz-compressed", b"\x28\xb5\x2f\xfd": "zstd-compressed"}
+
+
+def describe_unsupported(path: str) -> str:
+    """What a data file of an unsupported type is (compressed, binary or text, from its first bytes) and what
+    to do; one sentence naming the supported types."""
+    with open(path, "rb") as handle:
+        head = handle.read(4096)
+    supported = ", ".join(FILE_BUILDERS)
+    kind = next((name for magic, name in COMPRESSED.items() if head.startswith(magic)), None)
+    if kind:
+        fix = "decompress it first (e.g. `gunzip`, `unzip`)"
+    else:
+        try:
+            head.decode("utf-8")  # a cut multi-byte character at the end would fail: allow 3 bytes
+            is_text = b"\x00" not in head
+        except UnicodeDecodeError as error:
+            is_text = error.start >= len(head) - 3 and b"\x00" not in head
+        kind = "UTF-8 text" if is_text else "binary data (not UTF-8 text)"
+        fix = ("rename it with the extension of its format (e.g. .txt for plain text)" if is_text
+               else "give the text as a .txt file, or the records as .jsonl/.csv/.parquet")
+    suffix = Path(path).suffix or "no extension"
+    return f"{path} is {kind} ({suffix}); minitx reads {supported} files: {fix}"
 
 
 def _local_files(dataset: str) -> list[str] | None:
@@ -364,8 +419,9 @@ def local_inputs(dataset: str) -> list[Path]:
 def _load_files(files: list[str], streaming: bool, sample_by: str, skip_bad_rows: bool = False) -> dict[str, AnyDataset]:
     builders = {FILE_BUILDERS.get(Path(f).suffix.lower()) for f in files}
     if None in builders:
-        unknown = sorted({Path(f).suffix or f for f in files if Path(f).suffix.lower() not in FILE_BUILDERS})
-        raise ValueError(f"unsupported file type {unknown}; supported: {sorted(FILE_BUILDERS)}")
+        unknown = [f for f in files if Path(f).suffix.lower() not in FILE_BUILDERS]
+        more = f" (and {len(unknown) - 1} more file(s) of unsupported types)" if len(unknown) > 1 else ""
+        raise ValueError(describe_unsupported(unknown[0]) + more)
     if len(builders) > 1:
         raise ValueError(f"all files must have the same type, got {sorted(builders)} from {files}")
     builder = builders.pop()
@@ -463,7 +519,9 @@ def _guarded(name: str, load: Any, *args: Any, **kwargs: Any) -> Any:
 # --- splits -------------------------------------------------------------------------------------
 
 
-def _check_validation_split(validation_split: float | int, streaming: bool) -> None:
+def _check_validation_split(validation_split: float | int | None, streaming: bool) -> None:
+    if validation_split is None:
+        return
     if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)):
         raise ValueError(f"validation_split must be a float in (0, 1) or an int >= 1, got {validation_split!r}")
     if isinstance(validation_split, float) and not 0.0 < validation_split < 1.0:
@@ -488,7 +546,7 @@ def _with_validation(
     splits: dict[str, AnyDataset], dataset: str, validation_split: float | int, seed: int, streaming: bool
 ) -> dict[str, AnyDataset]:
     """Return the splits, carving validation from train when there is none."""
-    if "validation" in splits:
+    if "validation" in splits or validation_split is None:
         return splits
     splits = dict(splits)
     _check_not_empty(splits["train"], dataset, "train")
@@ -496,7 +554,7 @@ def _with_validation(
         splits["train"], splits["validation"] = _carve_streaming(splits["train"], validation_split)
         for name, split in splits.items():
             if next(iter(split.take(1)), None) is None:
-                raise ValueError(
+                raise TooSmallToSplit(
                     f"streaming carves validation from {dataset!r} by rows (the first N, or every k-th; a text file's "
                     f"rows are ~1 MB pieces), and too few rows leave {name} empty; for a corpus this small drop "
                     "--streaming, or give a validation split (a validation.* file)")
@@ -520,7 +578,7 @@ def _carve(train: Dataset, dataset: str, validation_split: float | int, seed: in
                              f"text (e.g. 0.05), not a count ({validation_split})")
         return _split_document(train, validation_split)
     if isinstance(validation_split, int) and validation_split >= len(starts):
-        raise ValueError(
+        raise TooSmallToSplit(
             f"validation_split={validation_split} samples leaves nothing to train on: "
             f"{dataset!r} has {len(starts)} training samples"
         )
@@ -555,6 +613,10 @@ def _document_part(split: Dataset, cut: int, validation: bool) -> Iterator[dict]
         yield {**previous, DOC_END: validation}
 
 
+class TooSmallToSplit(ValueError):
+    """The corpus is too small to carve a validation split from (a command that needs none can go on)."""
+
+
 def _split_document(split: Dataset, fraction: float) -> tuple[Dataset, Dataset]:
     """A one-document split: validation is the last ``fraction`` of its characters, from a line start."""
     total = sum(len(text) for batch in split.iter(batch_size=100) for text in batch["text"])
@@ -568,7 +630,7 @@ def _split_document(split: Dataset, fraction: float) -> tuple[Dataset, Dataset]:
         except ValueError as err:
             if "corresponds to no data" not in str(err):
                 raise
-            raise ValueError("the corpus is a single document with too few lines to carve a validation split from "
+            raise TooSmallToSplit("the corpus is a single document with too few lines to carve a validation split from "
                              "its end; give a validation file, more text, or --sample_by paragraph|line") from err
     return parts[0], parts[1]
 

@@ -98,6 +98,16 @@ def train_bpe_tokenizer(
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# how a tokenizer was loaded, which transformers keeps in init_kwargs and save_pretrained would write out
+LOAD_TIME_KEYS = ("is_local", "local_files_only", "cache_dir", "force_download", "token", "revision", "subfolder",
+                  "trust_remote_code", "_commit_hash")
+
+
+def _loaded(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    """The tokenizer without the load-time keys, so saving it again writes only what defines it."""
+    for key in LOAD_TIME_KEYS:
+        tokenizer.init_kwargs.pop(key, None)
+    return tokenizer
 
 
 def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerFast:
@@ -108,7 +118,7 @@ def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerFast:
     """
     folder = Path(path_or_name)
     if not folder.is_dir():
-        return AutoTokenizer.from_pretrained(path_or_name)
+        return _loaded(AutoTokenizer.from_pretrained(path_or_name))
     missing = [name for name in TOKENIZER_FILES if not (folder / name).is_file()]
     if len(missing) == len(TOKENIZER_FILES):
         raise FileNotFoundError(f"{folder} holds no tokenizer (no tokenizer.json or tokenizer_config.json); pass a "
@@ -124,7 +134,7 @@ def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerFast:
             raise ValueError(f"{folder / name} is damaged (not valid JSON: {error}); save the tokenizer again "
                              "or copy an intact file back") from None
     try:
-        return AutoTokenizer.from_pretrained(folder)
+        return _loaded(AutoTokenizer.from_pretrained(folder))
     except Exception as error:  # the library's own reasons for a file that parses but is not a tokenizer
         raise ValueError(f"{folder / 'tokenizer.json'} could not be loaded as a tokenizer "
                          f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); save the tokenizer again") from None
@@ -168,7 +178,10 @@ class TokenizerArguments:
     model_max_length: int = field(default=1024, metadata={"help": "saved model_max_length"})
     seed: int = field(default=42, metadata={"help": "seed of the validation carve-out and sampling"})
     streaming: bool = field(default=False, metadata={"help": "stream the corpus (use with --max_texts)"})
-    overwrite: bool = field(default=False, metadata={"help": "replace a non-empty --output_dir (refused otherwise)"})
+    overwrite: bool = field(default=False, metadata={
+        "help": "replace a tokenizer folder minitx train-tokenizer made (refused otherwise)"})
+    overwrite_any_folder: bool = field(default=False, metadata={
+        "help": "replace --output_dir even when minitx did not make it (deletes every file in it)"})
 
 
 def check_tokenizer_arguments(args: TokenizerArguments) -> None:
@@ -192,22 +205,26 @@ def _save_marked(tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> Path:
     """`minitx train-tokenizer`: train and save the tokenizer; returns the output folder."""
     from ..cli import parse_arguments
-    from .corpus import corpus_task, iter_training_texts, load_corpus, local_inputs
+    from .corpus import TooSmallToSplit, corpus_task, iter_training_texts, load_corpus, local_inputs
 
     (args,) = parse_arguments([TokenizerArguments], argv, prog="minitx train-tokenizer", description=(
         "Train hf_minitx's byte-level BPE on a corpus and save it as a stock transformers tokenizer folder "
         "(loads with AutoTokenizer.from_pretrained, no custom code)."))
     check_tokenizer_arguments(args)
     output_dir = check_output_folder(args.output_dir, flag="--overwrite", overwrite=args.overwrite,
-                                     inputs=[("--dataset", path) for path in local_inputs(args.dataset)])
+                                     inputs=[("--dataset", path) for path in local_inputs(args.dataset)],
+                                     command="train-tokenizer", any_flag="--overwrite_any_folder",
+                                     overwrite_any=args.overwrite_any_folder)
     task = args.task or corpus_task(args.dataset) or (
         "seq2seq" if args.source_column or args.target_column else "causal-lm"
     )
-    corpus = load_corpus(
-        args.dataset, task=task, dataset_config=args.dataset_config, text_column=args.text_column,
-        source_column=args.source_column, target_column=args.target_column, seed=args.seed,
-        streaming=args.streaming, num_examples=args.num_examples, sample_by=args.sample_by,
-    )
+    options = dict(task=task, dataset_config=args.dataset_config, text_column=args.text_column,
+                   source_column=args.source_column, target_column=args.target_column, seed=args.seed,
+                   streaming=args.streaming, num_examples=args.num_examples, sample_by=args.sample_by)
+    try:  # the train split training will read, when the corpus is large enough to carve a validation split
+        corpus = load_corpus(args.dataset, **options)
+    except TooSmallToSplit:  # a tokenizer needs no validation: train on the whole small corpus
+        corpus = load_corpus(args.dataset, validation_split=None, **options)
     start = time.perf_counter()
     tokenizer = train_bpe_tokenizer(
         iter_training_texts(corpus["train"], max_texts=args.max_texts, seed=args.seed),

@@ -222,8 +222,13 @@ def _tokenizer_description(folder: Path, config: dict) -> str:
     size = len(model.get("vocab") or {}) + len([t for t in data.get("added_tokens") or []
                                                 if t.get("content") not in (model.get("vocab") or {})])
     specials = ", ".join(f"`{t['content']}` = {t['id']}" for t in data.get("added_tokens") or [] if t.get("special"))
-    text = (f"A {name} tokenizer with {size:,} tokens, saved as a standard `tokenizer.json`, so "
-            "`AutoTokenizer` loads it without custom code.")
+    text = (f"A {name} tokenizer with {size:,} tokens, saved as a standard `tokenizer.json`: the tokenizer "
+            "itself runs no custom code.")
+    if (folder / "config.json").is_file():  # AutoTokenizer reads config.json first, whose model type is ours
+        text += (" In this folder `AutoTokenizer` first reads `config.json`, whose `minitx` model type is defined "
+                 "by this repository's code, so without hf_minitx load it with "
+                 "`AutoTokenizer.from_pretrained(repo, trust_remote_code=True)` (as below), or with no custom code "
+                 "at all with `PreTrainedTokenizerFast.from_pretrained(repo)`.")
     if specials:
         text += f" Special tokens: {specials}."
     extras = []

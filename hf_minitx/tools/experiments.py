@@ -25,7 +25,7 @@ from transformers import get_scheduler
 from transformers.hf_argparser import string_to_bool
 
 from ..cli import Interrupted
-from ..folders import check_output_folder, replace_folder
+from ..folders import check_output_folder, replace_folder, unlock_folder
 from ..models.configuration_minitx import MiniTxConfig
 from ..models.modeling_minitx import IGNORE_INDEX, MiniTxForConditionalGeneration
 from ..training.evaluation import evaluate_loss
@@ -227,7 +227,7 @@ def run_experiment(config: ExperimentConfig) -> dict:
     """
     out = Path(config.output_dir) if config.output_dir else None
     if out is not None:
-        check_output_folder(out, flag="--overwrite", overwrite=config.overwrite)
+        out = check_output_folder(out, flag="--overwrite", overwrite=config.overwrite, command="experiment")
     run, state = build_run(config, out), RunState()
     if out is not None:
         replace_folder(out, command="experiment")  # every check passed: only now is anything removed
@@ -241,6 +241,8 @@ def run_experiment(config: ExperimentConfig) -> dict:
         "seconds_to_exact_match": outcome.target_seconds, "experiment": asdict(config),
     }
     finish(run, None, summary, max_new_tokens=config.max_length + 1, card=False)
+    if out is not None:
+        unlock_folder(out)
     summary["model"] = run.accelerator.unwrap_model(run.model)
     return summary
 
@@ -259,13 +261,14 @@ def compare(config: ExperimentConfig, field: str, values: list, output_dir: str 
         raise ValueError(f"Give at least two values of {field} to compare, got {values}.")
     if len(set(map(str, values))) < len(values):
         raise ValueError(f"--compare {field}: each value once, got {values}")
-    root = check_output_folder(output_dir, flag="--overwrite", overwrite=config.overwrite)
+    root = check_output_folder(output_dir, flag="--overwrite", overwrite=config.overwrite, command="experiment")
     # every run's configuration is built (and checked) before anything is created
     runs = {f"{field}={v}": replace(config, **{field: v}, output_dir=str(root / f"{field}-{v}")) for v in values}
     replace_folder(root, command="experiment")
     summaries = {label: run_experiment(run) for label, run in runs.items()}
     plot_training({label: run.output_dir for label, run in runs.items()}, out or root / "comparison.png",
                   title=f"{config.task} task: {field} compared (same data, seed {config.seed})")
+    unlock_folder(root)
     return summaries
 
 

@@ -122,7 +122,12 @@ class TrainArguments:
 
     output_dir: str | None = field(default=None, metadata={"help": "Folder for checkpoints and the final model."})
     overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Replace a previous run in output_dir instead of refusing to start."}
+        default=False, metadata={"help": "Replace a previous run in output_dir (a folder minitx made) instead of "
+                                         "refusing to start."}
+    )
+    overwrite_any_folder: bool = field(
+        default=False, metadata={"help": "Replace output_dir even when minitx did not make it (deletes every file "
+                                         "in it)."}
     )
     resume_from_checkpoint: str | None = field(
         default=None, metadata={"help": "'latest' or the path of a checkpoint-STEP folder to continue from."}

@@ -44,7 +44,7 @@ from ..cli import EXIT_INTERRUPTED, Interrupted
 from ..data.corpus import REPLACED_BYTES, UndecodableText
 from ..data.streaming import PackedBlockStream
 from ..device import describe_hardware
-from ..folders import PARTIAL_SUFFIX, move_files_into
+from ..folders import PARTIAL_SUFFIX, move_files_into, output_path, unlock_folder
 from .arguments import DataArguments, ModelArguments, TrainArguments, parse_training_args
 from .checkpoints import (
     CHECKPOINT_PREFIX,
@@ -682,4 +682,8 @@ def write_card(output_dir: Path) -> Path | None:
 def main(argv: list[str] | None = None) -> Path:
     """`minitx train [ARGS.json|yaml] --name value ...`."""
     model_args, data_args, train_args = parse_training_args(argv)
-    return train(model_args, data_args, train_args)
+    try:
+        return train(model_args, data_args, train_args)
+    finally:  # the folder's lock, taken when the run claimed it
+        if train_args.output_dir:
+            unlock_folder(output_path(train_args.output_dir))

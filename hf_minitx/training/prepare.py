@@ -36,8 +36,12 @@ from ..data.tokenizer import MIN_VOCAB_SIZE, load_tokenizer, train_bpe_tokenizer
 from ..device import pick_device
 from ..folders import (
     PARTIAL_SUFFIX,
+    check_apart,
+    check_not_locked,
     check_output_folder,
+    lock_folder,
     move_files_into,
+    output_path,
     read_marker,
     replace_folder,
     write_marker,
@@ -294,13 +298,17 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     plan = RunPlan(
         model_args, data_args, train_args, settings, config,
         objective=Objective.for_task(data_args.task, train_args.label_smoothing),
-        output_dir=Path(train_args.output_dir), trackers=parse_trackers(train_args.report_to),
+        output_dir=output_path(train_args.output_dir), trackers=parse_trackers(train_args.report_to),
     )
     inputs = run_inputs(model_args, data_args, train_args)  # a missing dataset file is named here
     if train_args.resume_from_checkpoint is None:
         check_output_folder(plan.output_dir, flag="--overwrite_output_dir (or --resume_from_checkpoint latest to "
-                            "continue a run)", overwrite=train_args.overwrite_output_dir, inputs=inputs)
+                            "continue a run)", overwrite=train_args.overwrite_output_dir, inputs=inputs,
+                            any_flag="--overwrite_any_folder", overwrite_any=train_args.overwrite_any_folder)
         return plan
+    check_apart(plan.output_dir, inputs, option="--output_dir")
+    if plan.output_dir.is_dir():
+        check_not_locked(plan.output_dir)
     plan.checkpoint = resolve_checkpoint(train_args.resume_from_checkpoint, plan.output_dir)
     plan.resume_state = read_run_state(plan.checkpoint)
     check_compatible(plan.checkpoint, plan.resume_state, plan.identity)
@@ -429,6 +437,7 @@ def claim_output_folder(plan: RunPlan) -> str:
         run_id = replace_folder(plan.output_dir, command="train")
     else:
         plan.claimed = "resumed"
+        lock_folder(plan.output_dir, command="train")
         marker = read_marker(plan.output_dir)
         run_id = (marker or {}).get("run_id") or plan.resume_state.get("run_id") or uuid.uuid4().hex[:12]
         if marker is None:

@@ -1,7 +1,11 @@
 """Bad corpora and tokenizer folders end in one clear error that names the problem (issue: bad input sweep)."""
 
+import gzip
+from pathlib import Path
+
 import datasets
 import pytest
+from transformers import AutoTokenizer
 
 from hf_minitx.cli import main as minitx
 from hf_minitx.data import load_corpus, tokenize_and_pack, train_bpe_tokenizer
@@ -73,3 +77,87 @@ def test_folder_of_mixed_file_types_is_refused_not_half_read(tmp_path):
     (folder / "b.jsonl").write_text("".join(f'{{"text": "{t}"}}\n' for t in TEXTS))
     with pytest.raises(ValueError, match=r"holds data files of several types \(.jsonl, .txt\)"):
         load_corpus(str(folder))
+
+
+# --- files minitx cannot read, shell-expanded globs, corpora too small to carve validation from -----------
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("corpus.txt.gz", gzip.compress(b"some text\n"), "is gzip-compressed (.gz)"),
+    ("data.bin", bytes(range(256)) * 8, "is binary data (not UTF-8 text) (.bin)"),
+    ("corpus", b"plain text without an extension\n", "is UTF-8 text (no extension)"),
+])
+def test_an_unsupported_file_is_described_not_blamed_on_the_hub(tmp_path, monkeypatch, capsys, name, content, says):
+    monkeypatch.chdir(tmp_path)
+    Path(name).write_bytes(content)
+    assert minitx(["train-tokenizer", "--dataset", name, "--vocab_size", "300", "--output_dir", "tok"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{name} {says}" in err[0] and ".txt, .json, .jsonl, .csv, .parquet" in err[0], err
+    assert "Hub" not in err[0] and not Path("tok").exists()
+
+
+def test_an_unquoted_glob_is_named_as_such(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("shards").mkdir()
+    files = [f"shards/part{i:02d}.txt" for i in range(29)]
+    for name in files:
+        Path(name).write_text("text\n")
+    assert minitx(["train-tokenizer", "--dataset", *files, "--output_dir", "tok"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--dataset got 29 paths" in err and "unquoted glob" in err and "--dataset 'shards/*.txt'" in err
+    assert "part05.txt" not in err  # not the 29 names
+    assert minitx(["train-tokenizer", "--dataset", files[0], "--no_such_option", "1", "--output_dir", "tok"]) == 2
+    assert "unrecognized arguments: --no_such_option 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["one line of text, the whole corpus\n", "a\nb\n"])
+def test_train_tokenizer_on_a_tiny_corpus_needs_no_validation_split(tmp_path, text):
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text(text)
+    assert minitx(["train-tokenizer", "--dataset", str(corpus), "--vocab_size", "300", "--output_dir",
+                   str(tmp_path / "tok")]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+
+
+ONE_LINE_RSS = """
+import resource, sys
+from hf_minitx.data.corpus import TEXT_CHUNK_CHARS, _text_file_rows
+from hf_minitx.data.preprocessing import encode_rows, row_batches
+from hf_minitx.data.tokenizer import load_tokenizer
+tokenizer = load_tokenizer(sys.argv[2])
+longest = tokens = 0
+for batch in row_batches(_text_file_rows([sys.argv[1]], "document", TEXT_CHUNK_CHARS)):
+    longest = max([longest, *map(len, batch["text"])])
+    tokens += sum(map(len, encode_rows(batch["text"], batch["doc_end"], tokenizer, 2, "uint16")))
+print(longest, tokens, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+@pytest.mark.slow
+def test_a_one_line_file_is_read_in_bounded_pieces_that_tokenize_like_the_whole(tmp_path):
+    import io
+    import random
+    import subprocess
+    import sys
+
+    from hf_minitx.data.corpus import bounded_lines
+
+    rng = random.Random(0)
+    words = ["the", "of", "and", "  spaced", "tab\t", "x" * 40, "é", "end."]
+    text = " ".join(rng.choice(words) for _ in range(4_000_000))  # ~20 MB, no line break
+    pieces = list(bounded_lines(io.StringIO(text[:200_000], newline=""), 1000))
+    assert "".join(pieces) == text[:200_000] and max(map(len, pieces)) <= 1000
+    assert all(p.startswith(" ") and not p[1].isspace() for p in pieces[1:])  # cut where a word starts
+    tokenizer = train_bpe_tokenizer([text[:100_000]], vocab_size=400)
+    encode = tokenizer.backend_tokenizer.encode
+    assert sum((encode(p, add_special_tokens=False).ids for p in pieces), []) == \
+        encode(text[:200_000], add_special_tokens=False).ids
+    corpus = tmp_path / "one-line.txt"
+    corpus.write_text(text)
+    tokenizer.save_pretrained(tmp_path / "tok")
+    done = subprocess.run([sys.executable, "-c", ONE_LINE_RSS, str(corpus), str(tmp_path / "tok")],
+                          capture_output=True, text=True, timeout=600)
+    longest, tokens, peak_mb = map(int, done.stdout.split())
+    assert longest <= 2 * (1 << 20) and tokens > 1_000_000
+    assert peak_mb < 1024, f"peak RSS {peak_mb} MB reading a 20 MB one-line file"

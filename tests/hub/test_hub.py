@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import huggingface_hub
@@ -15,7 +18,7 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 
 from hf_minitx import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration
 from hf_minitx.cli import main as minitx
-from hf_minitx.data.tokenizer import train_bpe_tokenizer
+from hf_minitx.data.tokenizer import load_tokenizer, train_bpe_tokenizer
 from hf_minitx.hub.folder import ModelFolderError, read_safetensors_header
 from hf_minitx.hub.push import (
     HubError,
@@ -455,3 +458,34 @@ def test_package_free_check_reports_a_folder_that_cannot_load(folders, tmp_path)
     (staging / "layers_minitx.py").write_text("raise ImportError('broken layer code')\n")
     with pytest.raises(HubError, match="does not load without hf_minitx installed"):
         check_loads_without_package(staging)
+
+
+CLEAN_LOAD = """
+import json, sys
+sys.modules["hf_minitx"] = None  # an environment without hf_minitx
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+model_dir, tokenizer_dir, text = sys.argv[1:]
+loaded = [AutoTokenizer.from_pretrained(model_dir, trust_remote_code=True),
+          PreTrainedTokenizerFast.from_pretrained(model_dir), AutoTokenizer.from_pretrained(tokenizer_dir)]
+print(json.dumps([tokenizer(text)["input_ids"] for tokenizer in loaded]))
+"""
+
+
+def test_tokenizer_loads_in_a_clean_environment_as_the_card_says(causal_copy, tmp_path):
+    tokenizer_dir = tmp_path / "tokenizer"
+    load_tokenizer(causal_copy).save_pretrained(tokenizer_dir)  # loaded and saved again, as --tokenizer does
+    load_tokenizer(tokenizer_dir).save_pretrained(causal_copy)
+    for folder in (tokenizer_dir, causal_copy):
+        settings = json.loads((folder / "tokenizer_config.json").read_text())
+        assert not {"is_local", "local_files_only"} & set(settings), settings
+    text = SENTENCES[0]
+    done = subprocess.run([sys.executable, "-c", CLEAN_LOAD, str(causal_copy), str(tokenizer_dir), text],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "warning"})
+    assert done.returncode == 0, done.stderr
+    assert "Do you wish" not in done.stdout + done.stderr and done.stderr.strip() == "", done.stderr
+    expected = load_tokenizer(causal_copy)(text)["input_ids"]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [expected] * 3
+    card = render_model_card(causal_copy)
+    assert "AutoTokenizer.from_pretrained(repo, trust_remote_code=True)" in card
+    assert "PreTrainedTokenizerFast.from_pretrained(repo)" in card and "loads it without custom code" not in card

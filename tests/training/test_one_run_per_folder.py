@@ -1,0 +1,178 @@
+"""One run per folder: a live writer's lock refuses a second writer (two real processes) and a dead one's lock
+is taken over; symlinked and `.` output folders; an output inside an input and an input inside the output;
+the replace flags replace only what minitx made."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_safety import has_a_train_record, run_hooked, snapshot
+from test_train import causal_args, text_file  # noqa: F401  (text_file is a fixture)
+
+from hf_minitx.cli import main as minitx
+from hf_minitx.folders import (
+    LOCK_FILE,
+    RUN_MARKER,
+    FolderRefused,
+    check_output_folder,
+    lock_folder,
+    unlock_folder,
+    write_marker,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+HOLD = """
+import sys, time
+from pathlib import Path
+from hf_minitx.folders import lock_folder
+lock_folder(Path(sys.argv[1]), command="train")
+print("LOCKED", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+
+
+def hold_lock(folder: Path) -> subprocess.Popen:
+    """Another process that takes the folder's lock (as a training run does) and lives on."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.readline().strip() == "LOCKED"
+    return proc
+
+
+def a_run_folder(folder: Path, command: str = "train") -> Path:
+    """A folder as a finished run leaves it (the marker, a model, a checkpoint)."""
+    folder.mkdir(parents=True)
+    write_marker(folder, command=command, run_id="old-run")
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "checkpoint-2").mkdir()
+    (folder / "checkpoint-2" / "model.safetensors").write_bytes(b"weights")
+    return folder
+
+
+def test_a_live_writer_refuses_a_second_and_a_dead_ones_lock_is_taken_over(tmp_path, text_file, capsys):  # noqa: F811
+    folder = a_run_folder(tmp_path / "run")
+    holder = hold_lock(folder)
+    try:
+        before = snapshot(folder)
+        assert minitx(["train", *causal_args(text_file, folder, "--max_steps", "1", "--overwrite_output_dir")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"pid {holder.pid}" in err[0] and "being written by `minitx train`" in err[0], err
+        assert snapshot(folder) == before
+        with pytest.raises(FolderRefused, match=f"pid {holder.pid}"):
+            lock_folder(folder, command="train")
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    owner = json.loads((folder / LOCK_FILE).read_text())
+    assert owner["pid"] == holder.pid and owner["host"]  # the dead process's lock is still there
+    lock_folder(folder, command="train")  # taken over, with a note
+    assert "no longer running; taking it over" in capsys.readouterr().err
+    assert json.loads((folder / LOCK_FILE).read_text())["pid"] == os.getpid()
+    unlock_folder(folder)
+    assert not (folder / LOCK_FILE).exists()
+
+
+@pytest.mark.slow
+def test_training_holds_the_lock_and_releases_it(tmp_path, text_file):  # noqa: F811
+    out = tmp_path / "run"
+    first = run_hooked(["train", *causal_args(text_file, out, "--max_steps", "400")], TEST_STEP_DELAY="0.3")
+    try:
+        deadline = time.time() + 120
+        while not has_a_train_record(out) and time.time() < deadline and first.poll() is None:
+            time.sleep(0.2)
+        assert (out / LOCK_FILE).exists() and first.poll() is None
+        second = subprocess.run(
+            [sys.executable, "-m", "hf_minitx", "train", *causal_args(text_file, out, "--max_steps", "1",
+                                                                     "--overwrite_output_dir")],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, text=True, capture_output=True)
+        assert second.returncode == 2 and f"pid {first.pid}" in second.stderr, second.stderr
+        assert first.poll() is None  # the first run trains on
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=120)
+    assert first.returncode == 130 and (out / RUN_MARKER).exists() and not (out / LOCK_FILE).exists()
+
+
+def test_a_symlinked_output_folder_is_replaced_in_its_target(tmp_path, text_file):  # noqa: F811
+    real = a_run_folder(tmp_path / "disk" / "real")
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    assert minitx(["train", *causal_args(text_file, link, "--max_steps", "1", "--overwrite_output_dir")]) == 0
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert json.loads((real / RUN_MARKER).read_text())["run_id"] != "old-run"
+    assert (real / "training_summary.json").is_file() and not (real / "checkpoint-2").exists()
+    assert sorted(p.name for p in (tmp_path / "disk").iterdir()) == ["real"]  # no leftovers beside it
+
+
+def test_output_inside_an_input_and_input_inside_the_output_are_refused(tmp_path, text_file, capsys):  # noqa: F811
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "corpus.txt").write_text(text_file.read_text())
+    before = snapshot(data)
+    for out in (data / "run", data):
+        assert minitx(["train", *causal_args(data, out, "--max_steps", "1")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"is inside {data}" in err[0] and str(out) in err[0], err
+    assert snapshot(data) == before and not (data / "run").exists()
+    assert minitx(["train", *causal_args(data / "corpus.txt", data, "--max_steps", "1")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"holds {data / 'corpus.txt'}" in err[0], err
+    assert snapshot(data) == before
+
+
+def test_overwrite_replaces_only_a_folder_minitx_made(tmp_path, text_file, capsys):  # noqa: F811
+    folder = tmp_path / "paper"
+    folder.mkdir()
+    for name in ("thesis.tex", "results.csv", "figure.png"):
+        (folder / name).write_text(name)
+    before = snapshot(folder)
+    assert minitx(["train", *causal_args(text_file, folder, "--max_steps", "1", "--overwrite_output_dir")]) == 2
+    err = capsys.readouterr().err
+    assert "was not made by minitx" in err and "3 entries" in err and "thesis.tex" in err
+    assert "--overwrite_any_folder" in err and snapshot(folder) == before
+    assert minitx(["train", *causal_args(text_file, folder, "--max_steps", "1", "--overwrite_any_folder",
+                                         "--overwrite_output_dir")]) == 0
+    assert not (folder / "thesis.tex").exists() and (folder / "training_summary.json").is_file()
+
+
+def test_train_tokenizer_overwrite_refuses_a_trained_run(tmp_path, text_file, capsys):  # noqa: F811
+    run = a_run_folder(tmp_path / "run")
+    before = snapshot(run)
+    args = ["train-tokenizer", "--dataset", str(text_file), "--vocab_size", "300", "--output_dir", str(run)]
+    assert minitx([*args, "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run of `minitx train`" in err and "model.safetensors" in err and "checkpoint-2/" in err
+    assert snapshot(run) == before
+    tok = a_run_folder(tmp_path / "tok", command="train-tokenizer")
+    assert minitx([*args[:-1], str(tok), "--overwrite"]) == 0  # its own folders are replaced
+    assert (tok / "tokenizer.json").is_file() and not (tok / "model.safetensors").exists()
+
+
+def test_output_dir_dot_is_the_current_folder(tmp_path, text_file, monkeypatch, capsys):  # noqa: F811
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert minitx(["train", *causal_args(text_file, Path("."), "--max_steps", "1")]) == 0
+    assert (here / "training_summary.json").is_file() and (here / RUN_MARKER).is_file()
+    before = snapshot(here)
+    assert minitx(["train", *causal_args(text_file, Path("."), "--max_steps", "1", "--overwrite_output_dir")]) == 2
+    err = capsys.readouterr().err
+    assert "is the current folder" in err and "PosixPath" not in err and snapshot(here) == before
+    with pytest.raises(FolderRefused, match="is the current folder"):
+        check_output_folder(".", flag="--overwrite", overwrite=True, overwrite_any=True)
