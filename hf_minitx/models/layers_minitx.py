@@ -124,7 +124,9 @@ class MiniTxLayerBase(GradientCheckpointingLayer):
         """Apply `fn` (returning an output or an (output, extra) pair) with residual and norm; return (states, extra)."""
         out = fn(norm(hidden_states) if self.pre_norm else hidden_states)
         out, extra = out if isinstance(out, tuple) else (out, None)
-        hidden_states = hidden_states + self.dropout(out)
+        if self.training:  # dropout is the identity at inference: skip its call on every decoded token
+            out = self.dropout(out)
+        hidden_states = hidden_states + out
         return (hidden_states if self.pre_norm else norm(hidden_states)), extra
 
 
