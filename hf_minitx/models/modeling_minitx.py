@@ -454,14 +454,21 @@ class MiniTxLMHeadMixin:
         self.lm_head = value
 
     def generate(self, *args, **kwargs):
-        """transformers' `generate()`, after checking `num_beams` (0 beams otherwise fails deep inside it)."""
+        """transformers' `generate()`, after checking `num_beams` (0 beams otherwise fails deep inside it).
+
+        The dynamic cache it drives remembers the prompt's padding for the decode steps (`decode_step_padding`);
+        the cache leaves `generate()` without that memory, so later calls on it are checked as any other call.
+        """
         config = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None) or self.generation_config
         beams = kwargs.get("num_beams", getattr(config, "num_beams", None))
         if beams is not None and (not isinstance(beams, int) or isinstance(beams, bool) or beams < 1):
             raise ValueError(f"generate(num_beams={beams!r}): num_beams must be an integer >= 1 "
                              "(1 = greedy or sampling, more = beam search).")
-        out = super().generate(*args, **kwargs)
-        forget_generation(kwargs.get("past_key_values", getattr(out, "past_key_values", None)))
+        try:
+            out = super().generate(*args, **kwargs)
+        finally:
+            forget_generation(kwargs.get("past_key_values"))  # a cache the caller passed in
+        forget_generation(getattr(out, "past_key_values", None))  # or the one handed back
         return out
 
     def prepare_inputs_for_generation(

@@ -126,3 +126,22 @@ def test_inductor_compiled_static_cache_gives_dynamic_tokens_with_one_decode_gra
     assert torch.equal(compiled, dynamic) and torch.equal(again, dynamic)
     assert graphs == 1  # one graph serves every decode step: no graph break, no recompilation per step
     assert counters["stats"]["unique_graphs"] == graphs  # the second call compiles nothing
+
+
+def test_one_static_cache_serves_prompts_of_any_length_with_one_compiled_graph():
+    """The README's recipe for a long session: one StaticCache of fixed size, reset before each generate()."""
+    from torch._dynamo.utils import counters
+    from transformers import StaticCache
+
+    model = tiny_causal()
+    cache = StaticCache(config=model.config, max_cache_len=40)
+    config = compile_config("eager")
+    torch._dynamo.reset()
+    counters.clear()
+    for length, new in ((5, 8), (9, 12), (3, 20)):
+        ids = random_ids(1, length, seed=length)
+        cache.reset()
+        fast = model.generate(ids, max_new_tokens=new, min_new_tokens=new, past_key_values=cache,
+                              compile_config=config, **GREEDY)
+        assert torch.equal(fast, model.generate(ids, max_new_tokens=new, min_new_tokens=new, **GREEDY))
+    assert counters["stats"]["unique_graphs"] == 1
