@@ -23,7 +23,7 @@ from transformers.utils import logging
 
 from .attention_minitx import cross_attention_mask, self_attention_mask
 from .configuration_minitx import IGNORE_INDEX, MiniTxConfig
-from .layers_minitx import MiniTxDecoderLayer, MiniTxEncoderLayer
+from .layers_minitx import MiniTxAttention, MiniTxDecoderLayer, MiniTxEncoderLayer
 from .positions_minitx import (
     MiniTxPositionalEmbedding,
     MiniTxRotaryEmbedding,
@@ -458,18 +458,27 @@ class MiniTxLMHeadMixin:
 
         The dynamic cache it drives remembers the prompt's padding for the decode steps (`decode_step_padding`);
         the cache leaves `generate()` without that memory, so later calls on it are checked as any other call.
+        Self-attention reads one concatenated q/k/v weight meanwhile (`MiniTxAttention.fuse_projections`).
         """
         config = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None) or self.generation_config
         beams = kwargs.get("num_beams", getattr(config, "num_beams", None))
         if beams is not None and (not isinstance(beams, int) or isinstance(beams, bool) or beams < 1):
             raise ValueError(f"generate(num_beams={beams!r}): num_beams must be an integer >= 1 "
                              "(1 = greedy or sampling, more = beam search).")
+        self.fuse_projections(True)
         try:
             out = super().generate(*args, **kwargs)
         finally:
+            self.fuse_projections(False)
             forget_generation(kwargs.get("past_key_values"))  # a cache the caller passed in
         forget_generation(getattr(out, "past_key_values", None))  # or the one handed back
         return out
+
+    def fuse_projections(self, fuse: bool) -> None:
+        """Give every self-attention one q/k/v weight for the length of a `generate()` call (or drop it)."""
+        for module in self.modules():
+            if isinstance(module, MiniTxAttention):
+                module.fuse_projections(fuse)
 
     def prepare_inputs_for_generation(
         self,

@@ -145,3 +145,23 @@ def test_one_static_cache_serves_prompts_of_any_length_with_one_compiled_graph()
                               compile_config=config, **GREEDY)
         assert torch.equal(fast, model.generate(ids, max_new_tokens=new, min_new_tokens=new, **GREEDY))
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("build", BUILDERS, ids=KIND_IDS)
+def test_qkv_fusion_lasts_one_generate_call_and_leaves_weights_and_hooks_alone(build):
+    model = build()
+    attention = model.model.decoder.layers[0].self_attn
+    keys = list(model.state_dict())
+    seen = []
+    attention.o_proj.register_forward_hook(lambda *_: seen.append("fused_qkv" in vars(attention)))
+    ids = random_ids(1, 4)
+    model.generate(ids, max_new_tokens=3, min_new_tokens=3, **GREEDY)
+    assert seen and all(seen)  # fused during generate()
+    assert "fused_qkv" not in vars(attention) and list(model.state_dict()) == keys  # and gone after, nothing saved
+    seen.clear()
+    model(ids, decoder_input_ids=ids) if model.config.is_encoder_decoder else model(ids)
+    assert seen == [False]  # a plain forward (training, evaluation) uses the three projections
+    calls = []
+    attention.q_proj.register_forward_hook(lambda *_: calls.append(1))  # as PEFT or accelerate would hook it
+    model.generate(ids, max_new_tokens=3, min_new_tokens=3, **GREEDY)
+    assert len(calls) == 3  # one call per forward of generate(): a hooked projection is never bypassed
