@@ -39,8 +39,7 @@ from torch import nn
 from ..device import pick_device
 from ..folders import WRITTEN_BY, check_output_file, write_file
 from .data_prep_bench import format_data_prep, run_data_prep
-from .generation_bench import COMPILED_SUFFIX
-from .generation_bench import generation_step as generation_step_timed
+from .generation_bench import COMPILED_SUFFIX, generation_step
 
 # Workload name -> (reference implementation, implementations) in the order they are built.
 WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -252,11 +251,6 @@ def training_step(name: str, shape: BenchmarkShape, device: str = "cpu") -> tupl
     return step, model
 
 
-def generation_step(name: str, shape: BenchmarkShape, batch: int, device: str = "cpu") -> Callable[[], int]:
-    """Return step(): one greedy generate() call of exactly `shape.new_tokens` tokens; returns tokens made."""
-    return generation_step_timed(name, shape, batch, device)[0]
-
-
 # ----------------------------------------------------------------------------------------------- timing
 
 
@@ -316,7 +310,7 @@ def run_workload(workload: str, shape: BenchmarkShape, rounds: int, repeats: int
         for name in names:
             if name.endswith(COMPILED_SUFFIX) and compile_backend == "none":
                 continue
-            steps[name], seconds = generation_step_timed(name, shape, batch, device, compile_backend)
+            steps[name], seconds = generation_step(name, shape, batch, device, compile_backend)
             if seconds is not None:
                 compile_seconds[name] = seconds
     rates = interleaved(steps, rounds, repeats, warmup, device)
