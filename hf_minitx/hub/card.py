@@ -17,10 +17,12 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import eval_results_to_model_index, model_index_to_eval_results
 
 from ..folders import write_file
+from ..models.configuration_minitx import NORM_TYPES, POSITION_KINDS, PositionKind
 from .folder import AUTO_CLASSES, ModelFolderError, count_parameters, read_safetensors_header
 
 TEMPLATE_NAME = "model_card.md"
 CARD_FILE = "README.md"
+EXPLORER_FILE = "explore.html"  # `minitx explore`'s page, shared with `minitx push --explorer`
 PIPELINE_TAGS = {"causal-lm": "text-generation", "seq2seq": "text2text-generation"}
 TASK_NAMES = {"causal-lm": "Causal language modeling", "seq2seq": "Sequence-to-sequence generation"}
 BUILTIN_LANGUAGES = {
@@ -90,10 +92,17 @@ def _duration(seconds: float) -> str:
     return " ".join(parts)
 
 
+def _position_kind(config: dict) -> PositionKind:
+    """The kind of the config's position encoding; an unknown name is described by itself, as a table."""
+    name = str(config.get("position_embedding_type"))
+    return POSITION_KINDS.get(name, PositionKind(name, table=True))
+
+
 def _architecture_rows(config: dict, kind: str, num_parameters: int | None) -> list[tuple[str, str]]:
     """(name, value) rows describing the network."""
-    positions = {"sinusoidal": "sinusoidal (fixed)", "learned": "learned absolute", "rope": "rotary (RoPE)"}
-    norm = {"pre": "pre-LayerNorm (before each sub-layer)", "post": "post-LayerNorm (after each residual add)"}
+    norm_type = str(config.get("norm_type") or "layernorm")
+    name = NORM_TYPES.get(norm_type, norm_type)
+    norm = {"pre": f"pre-{name} (before each sub-layer)", "post": f"post-{name} (after each residual add)"}
     if kind == "seq2seq":
         layers = f"{config.get('num_encoder_layers')} encoder + {config.get('num_decoder_layers')} decoder"
     else:
@@ -107,11 +116,16 @@ def _architecture_rows(config: dict, kind: str, num_parameters: int | None) -> l
         ("Hidden size", str(config.get("hidden_size"))),
         ("Attention heads", head_text),
         ("Feed-forward size", f"{config.get('intermediate_size')} ({config.get('hidden_act')})"),
-        ("Positions", f"{positions.get(config.get('position_embedding_type'), config.get('position_embedding_type'))}, "
+        ("Positions", f"{_position_kind(config).description}, "
                       f"up to {config.get('max_position_embeddings')}"),
-        ("Normalisation", norm.get(config.get("norm_position"), str(config.get("norm_position")))),
+        ("Normalisation", norm.get(config.get("norm_position"), str(config.get("norm_position")))
+         + (", QK-norm on each head's queries and keys" if config.get("qk_norm") else "")),
         ("Vocabulary", str(config.get("vocab_size"))),
-        ("Tied input/output embeddings", "yes" if config.get("tie_word_embeddings") else "no"),
+        ("Output head", ", ".join(filter(None, [
+            "untied" if config.get("tie_word_embeddings") is False else "tied to the token embeddings",
+            "zero at the start of training" if config.get("zero_init_head") else "",
+            f"logits soft-capped: {config['final_logit_softcap']:g}·tanh(logits/{config['final_logit_softcap']:g})"
+            if config.get("final_logit_softcap") else ""]))),
         ("Parameters", f"{num_parameters:,} ({_human(num_parameters)})" if num_parameters else "unknown"),
         ("Stored dtype", str(config.get("dtype") or config.get("torch_dtype") or "float32")),
     ]
@@ -273,7 +287,7 @@ def render_model_card(
                for s in ((summary or {}).get("sample_generations") or [])[:5] if isinstance(s, dict)]
     dataset = (summary or {}).get("dataset") or "an unrecorded dataset"
     max_positions = config.get("max_position_embeddings")
-    if config.get("position_embedding_type") == "rope":
+    if not _position_kind(config).table:
         context_sentence = (f"Rotary positions have no hard length limit, but the model was configured for "
                             f"{max_positions} positions and degrades beyond what it saw in training.")
     else:
@@ -300,6 +314,7 @@ def render_model_card(
         dataset_config=(summary or {}).get("dataset_config"),
         training_rows=_training_rows(summary or {}),
         has_loss_curve=(folder / "loss_curve.png").is_file(),
+        explorer_file=EXPLORER_FILE if (folder / EXPLORER_FILE).is_file() else None,
         metric_rows=[(_metric_meta(k)[1], _metric_meta(k)[2].format(v)) for k, v in metrics.items()],
         coverage_sentence=_coverage_sentence(summary),
         samples=samples,
