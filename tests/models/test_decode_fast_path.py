@@ -44,10 +44,13 @@ def test_generate_checks_the_inputs_once_not_on_every_token(build, monkeypatch):
     assert counts[0] == counts[1] and 1 <= counts[0] <= 3  # the prompt (and source) only, whatever the length
 
 
+@pytest.mark.parametrize("options", [{}, {"qk_norm": True, "num_key_value_heads": 2, "position_embedding_type": "rope"}],
+                         ids=["default", "qk_norm-gqa-rope"])
 @pytest.mark.parametrize("build", BUILDERS, ids=KIND_IDS)
-def test_padded_decode_steps_give_the_tokens_of_full_forwards(build):
-    """Greedy decoding by hand without a cache (every step a checked full forward) == generate()'s decode steps."""
-    model = build()
+def test_padded_decode_steps_give_the_tokens_of_full_forwards(build, options):
+    """Greedy decoding by hand without a cache (every step a checked full forward, three q/k/v projections)
+    == generate()'s decode steps (remembered padding, one fused q/k/v product)."""
+    model = build(**options)
     ids, mask = left_padded()
     out = model.generate(ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, **GREEDY)
     seq2seq = model.config.is_encoder_decoder
