@@ -130,6 +130,10 @@ def self_attention_mask(
     plain = not isinstance(past_len, torch.Tensor) and kv_len == past_len + q_len and (q_len == 1 or past_len == 0)
     if not has_padding and (not causal or plain):
         return None
+    if plain and q_len == 1:  # one decoded token sees every cached key that is not padding, and itself
+        keys = attention_mask[:, :kv_len] != 0  # (batch, kv_len), a new tensor
+        keys[:, -1] = True
+        return keys[:, None, None, :]  # (batch, 1, 1, kv_len)
     device = attention_mask.device if attention_mask is not None else None
     if causal:
         mask = causal_mask(q_len, kv_len, device, past_len)
@@ -150,11 +154,16 @@ def padding_mask(attention_mask: torch.Tensor, q_len: int) -> torch.Tensor:
     return attention_mask.bool()[:, None, None, :].expand(-1, 1, q_len, -1)  # (batch, 1, q_len, kv_len)
 
 
-def cross_attention_mask(encoder_attention_mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
-    """Mask of decoder queries over encoder keys: (batch, 1, q_len, src_len), or None without padding."""
-    if encoder_attention_mask is None:
+def cross_attention_mask(
+    encoder_attention_mask: torch.Tensor | None, q_len: int, has_padding: bool | None = None
+) -> torch.Tensor | None:
+    """Mask of decoder queries over encoder keys: (batch, 1, q_len, src_len), or None without padding.
+
+    `has_padding`: whether the source mask holds a 0, if the caller knows (None = look, one host sync).
+    """
+    if encoder_attention_mask is None or has_padding is False:
         return None
-    if not torch.compiler.is_compiling() and bool(encoder_attention_mask.all()):
+    if has_padding is None and not torch.compiler.is_compiling() and bool(encoder_attention_mask.all()):
         return None
     return padding_mask(encoder_attention_mask, q_len)
 

@@ -101,6 +101,36 @@ class MiniTxAttention(nn.Module):
             heads = norm(heads)
         return heads.transpose(1, 2)  # (batch, heads, seq, head_dim)
 
+    def fuse_projections(self, fuse: bool) -> None:
+        """Concatenate the q, k and v weights for the length of one `generate()` call, or drop the copy.
+
+        One matrix-vector product over the three weights reads them faster than three (decoding is bound by
+        reading the weights). The copy is a plain attribute, never a parameter: the state dict, PEFT's targets
+        and training are untouched, and it is made only where q/k/v are plain `nn.Linear`s without hooks.
+        """
+        self.__dict__.pop("fused_qkv", None)
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if not fuse or self.is_cross_attention or any(
+                type(p) is not nn.Linear or p._forward_hooks or p._forward_pre_hooks for p in projections):
+            return
+        weight = torch.cat([p.weight.detach() for p in projections])  # (q + k + v out, hidden)
+        bias = torch.cat([p.bias.detach() for p in projections]) if self.q_proj.bias is not None else None
+        self.fused_qkv = (weight, bias)
+
+    def _self_query_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(batch, seq, hidden) -> query (batch, heads, seq, head_dim), key and value (batch, kv_heads, seq, head_dim)."""
+        fused = self.__dict__.get("fused_qkv")
+        if fused is None or torch.is_grad_enabled():
+            return (self._heads(self.q_proj, states, self.q_norm), self._heads(self.k_proj, states, self.k_norm),
+                    self._heads(self.v_proj, states))
+        batch, seq, _ = states.shape
+        sizes = (self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features)
+        projected = nn.functional.linear(states, *fused).split(sizes, dim=-1)  # q, k, v: (batch, seq, out)
+        query, key, value = (x.view(batch, seq, -1, self.head_dim) for x in projected)  # (batch, seq, heads, head_dim)
+        if self.q_norm is not None:
+            query, key = self.q_norm(query), self.k_norm(key)
+        return query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (batch, heads, seq, head_dim)
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -114,12 +144,11 @@ class MiniTxAttention(nn.Module):
         Returns the output (batch, q_len, hidden) and the attention weights (eager only, else None).
         """
         batch, q_len, _ = hidden_states.shape
-        query = self._heads(self.q_proj, hidden_states, self.q_norm)  # (batch, heads, q_len, head_dim)
         if self.is_cross_attention:
+            query = self._heads(self.q_proj, hidden_states, self.q_norm)  # (batch, heads, q_len, head_dim)
             key, value = self._cross_key_value(key_value_states, past_key_values)
         else:
-            key = self._heads(self.k_proj, hidden_states, self.k_norm)  # (batch, kv_heads, q_len, head_dim)
-            value = self._heads(self.v_proj, hidden_states)
+            query, key, value = self._self_query_key_value(hidden_states)  # key, value: (batch, kv_heads, q_len, head_dim)
             if position_embeddings is not None:
                 cos, sin = position_embeddings
                 query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
@@ -190,7 +219,9 @@ class MiniTxLayerBase(GradientCheckpointingLayer):
         """Apply `fn` (returning an output or an (output, extra) pair) with residual and norm; return (states, extra)."""
         out = fn(norm(hidden_states) if self.pre_norm else hidden_states)
         out, extra = out if isinstance(out, tuple) else (out, None)
-        hidden_states = hidden_states + self.dropout(out)
+        if self.training:  # dropout is the identity at inference: skip its call on every decoded token
+            out = self.dropout(out)
+        hidden_states = hidden_states + out
         return (hidden_states if self.pre_norm else norm(hidden_states)), extra
 
 

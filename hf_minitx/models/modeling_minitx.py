@@ -23,7 +23,7 @@ from transformers.utils import logging
 
 from .attention_minitx import cross_attention_mask, self_attention_mask
 from .configuration_minitx import IGNORE_INDEX, MiniTxConfig
-from .layers_minitx import MiniTxDecoderLayer, MiniTxEncoderLayer, MiniTxRMSNorm, make_norm
+from .layers_minitx import MiniTxAttention, MiniTxDecoderLayer, MiniTxEncoderLayer, MiniTxRMSNorm, make_norm
 from .positions_minitx import (
     POSITION_ENCODINGS,
     MiniTxPositionalEmbedding,
@@ -221,11 +221,16 @@ class MiniTxStack(nn.Module):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         prefix = "decoder_" if self.is_decoder and self.config.is_encoder_decoder else ""
-        has_padding = check_inputs(self.config, input_ids, attention_mask, inputs_embeds, prefix)
+        self_cache = past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else past_key_values
+        remembered = decode_step_padding(self_cache, input_ids if inputs_embeds is None else inputs_embeds)
+        if remembered is None:  # a call with what the user gave: check it
+            has_padding = check_inputs(self.config, input_ids, attention_mask, inputs_embeds, prefix)
+            cross_padding = None
+        else:  # one generated token on a filled cache: the prompt's checks hold, no host sync
+            has_padding, cross_padding = remembered
         if inputs_embeds is None:
             inputs_embeds = self.embed(input_ids)
         batch, q_len = inputs_embeds.shape[:2]
-        self_cache = past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else past_key_values
         # a static cache counts its positions in a tensor: keep it a tensor under compile (no host sync)
         past_len = self_cache.get_seq_length() if self_cache is not None else 0
         kv_len = self_cache.get_mask_sizes(q_len, 0)[0] if self_cache is not None else q_len
@@ -233,7 +238,8 @@ class MiniTxStack(nn.Module):
             past_len = int(past_len)
             self._check_lengths(attention_mask, batch, q_len, past_len + q_len, kv_len)
         if position_ids is None:
-            position_ids = positions_from_mask(attention_mask, q_len, past_len, inputs_embeds.device)
+            position_ids = positions_from_mask(attention_mask if has_padding is not False else None, q_len, past_len,
+                                               inputs_embeds.device)
 
         hidden_states = inputs_embeds
         # absolute positions are added here; rotary ones come back as cos/sin for the attention layers
@@ -241,7 +247,11 @@ class MiniTxStack(nn.Module):
         hidden_states = self.dropout(hidden_states)
 
         mask = self_attention_mask(attention_mask, q_len, past_len, kv_len, causal=self.is_decoder, has_padding=has_padding)
-        cross_mask = cross_attention_mask(encoder_attention_mask, q_len) if encoder_hidden_states is not None else None
+        cross_mask = None
+        if encoder_hidden_states is not None:
+            cross_mask = cross_attention_mask(encoder_attention_mask, q_len, cross_padding)
+        if remembered is None:
+            remember_padding(self_cache, has_padding, cross_mask is not None)
         all_states = [hidden_states] if output_hidden_states else None
         all_attentions = [] if output_attentions else None
         all_cross = [] if output_attentions and encoder_hidden_states is not None else None
@@ -298,6 +308,37 @@ class MiniTxStack(nn.Module):
                 f"attention_mask has shape {tuple(attention_mask.shape)} but the input needs ({batch}, {total_len}) "
                 "(batch, cached + new positions). Pass the mask the tokenizer returned with these input_ids."
             )
+
+
+def decode_step_padding(cache: Cache | None, inputs: torch.Tensor | None) -> tuple[bool, bool] | None:
+    """On a decode step, the padding flags `remember_padding` stored at the prompt's call; else None.
+
+    A decode step is one new position (`inputs`: ids (batch, 1) or embeddings (batch, 1, hidden)) on a dynamic cache
+    that `generate()` drives and that already holds positions: every token after the first. Its mask is the
+    prompt's mask extended with ones, so the prompt's checks and padding flags still hold and nothing is read back
+    from the tensors. Calls outside `generate()`, and torch.compile (static cache), are checked as always.
+    """
+    if cache is None or inputs is None or inputs.dim() not in (2, 3) or inputs.shape[1] != 1:
+        return None
+    flags = getattr(cache, "_minitx_padding", None)
+    if flags is None or torch.compiler.is_compiling() or cache.is_compileable or cache.get_seq_length() == 0:
+        return None
+    return flags
+
+
+def remember_padding(cache: Cache | None, has_padding: bool | None, cross_padding: bool) -> None:
+    """Store on a cache `generate()` drives whether the self-attention and encoder masks pad, for the decode steps."""
+    if getattr(cache, "_minitx_generating", False) and not torch.compiler.is_compiling():
+        cache._minitx_padding = (has_padding, cross_padding)
+
+
+def forget_generation(cache: Cache | None) -> None:
+    """After `generate()`: a cache handed back to the caller is checked again on its next call."""
+    caches = (cache.self_attention_cache,) if isinstance(cache, EncoderDecoderCache) else (cache,)
+    for one in caches:
+        for name in ("_minitx_generating", "_minitx_padding"):
+            if one is not None and name in vars(one):
+                delattr(one, name)
 
 
 def positions_from_mask(
@@ -376,7 +417,9 @@ class MiniTxModel(MiniTxPreTrainedModel):
                 "them right) or `decoder_input_ids`; generate() provides them itself."
             )
         if decoder_inputs_embeds is None:
-            check_inputs(self.config, decoder_input_ids, None, prefix="decoder_")
+            if decode_step_padding(past_key_values.self_attention_cache if isinstance(
+                    past_key_values, EncoderDecoderCache) else None, decoder_input_ids) is None:
+                check_inputs(self.config, decoder_input_ids, None, prefix="decoder_")
             decoder_inputs_embeds = self.encoder.embed(decoder_input_ids)
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
@@ -422,13 +465,72 @@ class MiniTxLMHeadMixin:
         self.lm_head = value
 
     def generate(self, *args, **kwargs):
-        """transformers' `generate()`, after checking `num_beams` (0 beams otherwise fails deep inside it)."""
+        """transformers' `generate()`, after checking `num_beams` (0 beams otherwise fails deep inside it).
+
+        The dynamic cache it drives remembers the prompt's padding for the decode steps (`decode_step_padding`);
+        the cache leaves `generate()` without that memory, so later calls on it are checked as any other call.
+        Self-attention reads one concatenated q/k/v weight meanwhile (`MiniTxAttention.fuse_projections`).
+        """
         config = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None) or self.generation_config
         beams = kwargs.get("num_beams", getattr(config, "num_beams", None))
         if beams is not None and (not isinstance(beams, int) or isinstance(beams, bool) or beams < 1):
             raise ValueError(f"generate(num_beams={beams!r}): num_beams must be an integer >= 1 "
                              "(1 = greedy or sampling, more = beam search).")
-        return super().generate(*args, **kwargs)
+        self.fuse_projections(True)
+        try:
+            out = super().generate(*args, **kwargs)
+        finally:
+            self.fuse_projections(False)
+            forget_generation(kwargs.get("past_key_values"))  # a cache the caller passed in
+        forget_generation(getattr(out, "past_key_values", None))  # or the one handed back
+        return out
+
+    def fuse_projections(self, fuse: bool) -> None:
+        """Give every self-attention one q/k/v weight for the length of a `generate()` call (or drop it)."""
+        for module in self.modules():
+            if isinstance(module, MiniTxAttention):
+                module.fuse_projections(fuse)
+
+    def prepare_inputs_for_generation(
+        self,
+        input_ids: torch.LongTensor,
+        next_sequence_length: int | None = None,
+        past_key_values: Cache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        is_first_iteration: bool | None = False,
+        **kwargs,
+    ) -> dict:
+        """transformers' input preparation; on a decode step with a dynamic cache, only what changes.
+
+        Marks the dynamic cache as driven by `generate()` (so the forward remembers the prompt's padding for
+        the decode steps). A decode step gets the last token (batch, 1), the cache, the masks as they are and
+        every other keyword argument: the generic preparation would also inspect `forward`'s signature on every
+        token (custom code) and copy the ids.
+        """
+        self_cache = past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else (
+            past_key_values)
+        dynamic = isinstance(self_cache, Cache) and not self_cache.is_compileable
+        if dynamic:
+            self_cache._minitx_generating = True
+        if not (dynamic and next_sequence_length == 1 and not is_first_iteration
+                and input_ids.device == self.lm_head.weight.device):
+            return super().prepare_inputs_for_generation(
+                input_ids, next_sequence_length, past_key_values, attention_mask, inputs_embeds, is_first_iteration,
+                **kwargs)
+        prefix = "decoder_" if self.config.is_encoder_decoder else ""
+        inputs = {f"{prefix}input_ids": input_ids[:, -1:], "past_key_values": past_key_values}  # (batch, 1)
+        position_ids = kwargs.pop(f"{prefix}position_ids", None)
+        if position_ids is not None:
+            inputs[f"{prefix}position_ids"] = position_ids[..., -1:]
+        if prefix and kwargs.get("decoder_attention_mask") is not None:
+            inputs["decoder_attention_mask"] = kwargs.pop("decoder_attention_mask")
+        if attention_mask is not None:
+            inputs["attention_mask"] = attention_mask  # the decoder-only mask, or the seq2seq source mask
+        for key, value in kwargs.items():
+            if key not in ("labels", "next_sequence_length", "decoder_attention_mask") and key not in inputs:
+                inputs[key] = value
+        return inputs
 
     def lm_loss(self, logits: torch.Tensor, targets: torch.Tensor, aligned: bool, name: str, **kwargs) -> torch.Tensor:
         """Mean next-token cross-entropy, through transformers' `self.loss_function` (honours `num_items_in_batch`).

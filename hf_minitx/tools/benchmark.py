@@ -10,7 +10,9 @@ Workloads:
 - `train_seq2seq`: encoder-decoder training step, hf_minitx vs `BartForConditionalGeneration` and
   `torch.nn.Transformer` (with embeddings and a tied output layer).
 - `generate_b1` / `generate_b8`: greedy generation with a KV cache (EOS cannot stop it early), hf_minitx vs
-  GPT-2 `generate()`; at batch 1 also both without a cache (each model's cache speed-up).
+  GPT-2 `generate()`, eager (dynamic cache) and compiled (static cache + torch.compile, compile time reported
+  apart); at batch 1 also both without a cache (each model's cache speed-up). See `generation_bench`.
+- `generate_seq2seq`: greedy generation (one beam) at batch 1 from a `seq2seq_len` source, hf_minitx vs BART.
 - `memory`: peak memory of a few training steps, each implementation in a fresh subprocess.
 - `mfu` (CUDA only): model FLOPs utilisation at a GPT-2-small shape in bf16, eager and `torch.compile`d.
 - data preparation (``data_prep_bench``): raw .txt to packed blocks, hf_minitx vs run_clm-style map + group_texts.
@@ -37,13 +39,15 @@ from torch import nn
 from ..device import pick_device
 from ..folders import WRITTEN_BY, check_output_file, write_file
 from .data_prep_bench import format_data_prep, run_data_prep
+from .generation_bench import COMPILED_SUFFIX, generation_step
 
 # Workload name -> (reference implementation, implementations) in the order they are built.
 WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
     "train_causal": ("gpt2", ("gpt2", "gpt2-gelu", "minitx-sdpa", "minitx-eager")),
     "train_seq2seq": ("bart", ("bart", "torch-transformer", "minitx-seq2seq")),
-    "generate_b1": ("gpt2", ("gpt2", "minitx", "minitx-no-cache", "gpt2-no-cache")),
-    "generate_b8": ("gpt2", ("gpt2", "minitx")),
+    "generate_b1": ("gpt2", ("gpt2", "minitx", "gpt2-compiled", "minitx-compiled", "minitx-no-cache", "gpt2-no-cache")),
+    "generate_b8": ("gpt2", ("gpt2", "minitx", "gpt2-compiled", "minitx-compiled")),
+    "generate_seq2seq": ("bart", ("bart", "minitx-seq2seq")),
 }
 MEMORY_IMPLEMENTATIONS = ("gpt2", "minitx-sdpa", "minitx-eager", "bart", "torch-transformer", "minitx-seq2seq")
 # Dense bf16 tensor-core peak (FLOP/s) by GPU name fragment, for MFU.
@@ -247,27 +251,6 @@ def training_step(name: str, shape: BenchmarkShape, device: str = "cpu") -> tupl
     return step, model
 
 
-def generation_step(name: str, shape: BenchmarkShape, batch: int, device: str = "cpu") -> Callable[[], int]:
-    """Return step(): one greedy generate() call of exactly `shape.new_tokens` tokens; returns tokens made."""
-    model = build(name, shape).to(device).eval()
-    gen = torch.Generator().manual_seed(2)
-    prompt = random_ids(batch, shape.prompt_len, shape.vocab_size, gen, device)
-    mask = torch.ones_like(prompt)
-    use_cache = not name.endswith("no-cache")
-
-    def step() -> int:
-        out = model.generate(
-            input_ids=prompt, attention_mask=mask, max_new_tokens=shape.new_tokens, min_new_tokens=shape.new_tokens,
-            do_sample=False, use_cache=use_cache, pad_token_id=0, eos_token_id=2,
-        )
-        made = out.shape[1] - prompt.shape[1]
-        if made != shape.new_tokens:
-            raise RuntimeError(f"{name}: generated {made} tokens, expected {shape.new_tokens}.")
-        return batch * made
-
-    return step
-
-
 # ----------------------------------------------------------------------------------------------- timing
 
 
@@ -309,22 +292,38 @@ def summarize(rates: dict[str, list[float]], reference: str) -> dict[str, dict[s
 
 
 def run_workload(workload: str, shape: BenchmarkShape, rounds: int, repeats: int, warmup: int,
-                 device: str = "cpu") -> dict:
-    """Build every implementation of `workload`, time them interleaved, and summarise."""
+                 device: str = "cpu", compile_backend: str = "inductor") -> dict:
+    """Build every implementation of `workload`, time them interleaved, and summarise.
+
+    `compile_backend` is the torch.compile backend of the "-compiled" generation rows; "none" leaves them out.
+    """
     reference, names = WORKLOADS[workload]
     params: dict[str, int] = {}
+    compile_seconds: dict[str, float] = {}
+    steps = {}
     if workload.startswith("train"):
-        steps = {}
         for name in names:
             steps[name], model = training_step(name, shape, device)
             params[name] = count_parameters(model)
     else:
-        batch = 1 if workload == "generate_b1" else shape.batch
-        steps = {name: generation_step(name, shape, batch, device) for name in names}
+        batch = shape.batch if workload == "generate_b8" else 1
+        for name in names:
+            if name.endswith(COMPILED_SUFFIX) and compile_backend == "none":
+                continue
+            steps[name], seconds = generation_step(name, shape, batch, device, compile_backend)
+            if seconds is not None:
+                compile_seconds[name] = seconds
     rates = interleaved(steps, rounds, repeats, warmup, device)
     result = {"reference": reference, "implementations": summarize(rates, reference), "raw_tokens_per_second": rates}
     if params:
         result["parameters"] = params
+    if compile_seconds:
+        result["compile_seconds"] = compile_seconds
+        result["compile_backend"] = compile_backend
+    for who in ("minitx", "gpt2"):
+        if f"{who}{COMPILED_SUFFIX}" in rates:
+            compiled, eager = rates[f"{who}{COMPILED_SUFFIX}"], rates[who]
+            result[f"{who}_compiled_speedup"] = statistics.median(c / e for c, e in zip(compiled, eager, strict=True))
     if workload == "generate_b1":
         cached, uncached = rates["minitx"], rates["minitx-no-cache"]
         result["minitx_cache_speedup"] = statistics.median(c / u for c, u in zip(cached, uncached, strict=True))
@@ -480,7 +479,7 @@ def machine_description(threads: int, device: str) -> dict:
 
 def run_benchmark(shape: BenchmarkShape, *, rounds: int = 5, repeats: int = 1, warmup: int = 1, threads: int = 1,
                   device: str = "cpu", workloads: tuple[str, ...] = tuple(WORKLOADS), memory: bool = True,
-                  mfu: bool = True, log: Callable[[str], None] = print) -> dict:
+                  mfu: bool = True, compile_backend: str = "inductor", log: Callable[[str], None] = print) -> dict:
     """Run the chosen workloads and return every figure as a JSON-ready dict."""
     shape.check()
     unknown = set(workloads) - set(WORKLOADS)
@@ -494,7 +493,7 @@ def run_benchmark(shape: BenchmarkShape, *, rounds: int = 5, repeats: int = 1, w
     start = time.perf_counter()
     for workload in workloads:
         log(f"[benchmark] {workload} ...")
-        result["workloads"][workload] = run_workload(workload, shape, rounds, repeats, warmup, device)
+        result["workloads"][workload] = run_workload(workload, shape, rounds, repeats, warmup, device, compile_backend)
     if memory:
         log("[benchmark] peak memory (one subprocess per implementation) ...")
         result["memory"] = measure_memory(shape, threads, device)
@@ -519,6 +518,10 @@ def format_table(result: dict) -> str:
         for who in ("minitx", "gpt2"):
             if f"{who}_cache_speedup" in data:
                 lines.append(f"| {workload} | {who} cache vs no cache | | {data[f'{who}_cache_speedup']:.1f}x |")
+            if f"{who}_compiled_speedup" in data:
+                seconds = data["compile_seconds"][f"{who}{COMPILED_SUFFIX}"]
+                lines.append(f"| {workload} | {who} compiled vs eager (compile {seconds:.0f} s, not timed) | | "
+                             f"{data[f'{who}_compiled_speedup']:.2f}x |")
     if "memory" in result:
         lines += ["", "| training peak memory | peak (MiB) | growth over imports (MiB) |", "|---|---:|---:|"]
         for name, mem in result["memory"].items():
@@ -560,6 +563,8 @@ class BenchmarkArguments:
     workloads: list[str] = field(default_factory=lambda: list(WORKLOADS), metadata={
         "help": f"which workloads to run: {', '.join(WORKLOADS)}"})
     no_memory: bool = field(default=False, metadata={"help": "skip the peak-memory subprocesses"})
+    compile_backend: str = field(default="inductor", metadata={
+        "help": "torch.compile backend of the compiled generation rows (static cache); 'none' leaves them out"})
     data_prep_mb: float | None = field(default=None, metadata={
         "help": "data preparation: MB of generated .txt to prepare (default 100, --quick 8)"})
     data_prep_files: str | None = field(default=None, metadata={
@@ -608,6 +613,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     rounds = args.rounds or (3 if args.quick else 5)
     result = run_benchmark(shape, rounds=rounds, repeats=args.repeats, warmup=args.warmup, threads=args.threads,
                            device=args.device, workloads=tuple(args.workloads), memory=not args.no_memory,
+                           compile_backend=args.compile_backend,
                            log=lambda msg: print(msg, file=sys.stderr, flush=True))
     if not args.no_data_prep:
         result["data_preparation"] = run_data_prep(

@@ -14,7 +14,7 @@ from hf_minitx.tools.benchmark import WORKLOADS, BenchmarkShape, count_parameter
 
 TINY = ["--vocab-size", "64", "--context", "16", "--layers", "2", "--hidden", "32", "--heads", "2",
         "--batch", "2", "--seq2seq-len", "8", "--prompt-len", "4", "--new-tokens", "6", "--rounds", "2",
-        "--warmup", "0", "--no-data-prep"]
+        "--warmup", "0", "--no-data-prep", "--compile-backend", "eager"]  # the compiled rows, without inductor's wait
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,33 @@ def test_figures_positive_finite_and_ratios_match_raw(tiny_run):
     assert result["workloads"]["generate_b1"]["gpt2_cache_speedup"] == pytest.approx(speedup)
     for mem in result["memory"].values():
         assert mem["peak_bytes"] > 0 and mem["growth_bytes"] >= 0
+    for workload in ("generate_b1", "generate_b8"):
+        data = result["workloads"][workload]
+        raw = data["raw_tokens_per_second"]
+        assert data["compile_backend"] == "eager"
+        for who in ("minitx", "gpt2"):
+            assert data["compile_seconds"][f"{who}-compiled"] >= 0  # measured apart, not in the tokens/s
+            speedup = statistics.median(c / e for c, e in zip(raw[f"{who}-compiled"], raw[who], strict=True))
+            assert data[f"{who}_compiled_speedup"] == pytest.approx(speedup)
+    assert "compile_seconds" not in result["workloads"]["generate_seq2seq"]
+
+
+def test_compiled_generation_rows_are_left_out_with_backend_none():
+    shape = BenchmarkShape(vocab_size=64, context=16, layers=2, hidden=32, heads=2, batch=2, seq2seq_len=8,
+                           prompt_len=4, new_tokens=3)
+    result = benchmark.run_workload("generate_b8", shape, rounds=1, repeats=1, warmup=0, compile_backend="none")
+    assert set(result["implementations"]) == {"gpt2", "minitx"}
+    assert "compile_seconds" not in result and "minitx_compiled_speedup" not in result
+
+
+def test_seq2seq_generation_step_makes_exactly_the_new_tokens():
+    from hf_minitx.tools.generation_bench import generation_step
+
+    shape = BenchmarkShape(vocab_size=64, context=16, layers=2, hidden=32, heads=2, batch=2, seq2seq_len=8,
+                           prompt_len=4, new_tokens=5)
+    for name in ("bart", "minitx-seq2seq"):
+        step, compile_seconds = generation_step(name, shape, batch=3)
+        assert step() == 3 * 5 and compile_seconds is None
 
 
 @pytest.mark.slow
