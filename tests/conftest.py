@@ -48,3 +48,16 @@ def tiny_seq2seq(**overrides):
 def random_ids(batch: int, length: int, seed: int = 0, vocab: int = 64) -> torch.Tensor:
     """(batch, length) ids that avoid the special tokens 0-2."""
     return torch.randint(3, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+# Run the training, and SIGKILL the process right after its first checkpoint is complete (kill -9).
+KILL_AFTER_FIRST_CHECKPOINT = """
+import os, signal, sys
+import hf_minitx.training.loop as loop
+original = loop.rotate_checkpoints
+def rotate_then_die(*args, **kwargs):
+    original(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+loop.rotate_checkpoints = rotate_then_die
+loop.main(sys.argv[1:])
+"""

@@ -14,7 +14,7 @@ from hf_minitx.tools.benchmark import WORKLOADS, BenchmarkShape, count_parameter
 
 TINY = ["--vocab-size", "64", "--context", "16", "--layers", "2", "--hidden", "32", "--heads", "2",
         "--batch", "2", "--seq2seq-len", "8", "--prompt-len", "4", "--new-tokens", "6", "--rounds", "2",
-        "--warmup", "0", "--no-data-prep"]
+        "--warmup", "0", "--no-data-prep", "--no-quality"]
 
 
 @pytest.fixture(scope="module")
@@ -129,4 +129,4 @@ def test_data_preparation_section_compares_both_recipes_on_the_same_text():
 ])
 def test_bad_benchmark_options_are_refused_before_work(argv, message):
     with pytest.raises(ValueError, match=message):
-        benchmark.main(["--quick", "--no_memory", "--no_data_prep", *argv])
+        benchmark.main(["--quick", "--no_memory", "--no_data_prep", "--no_quality", *argv])

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import KILL_AFTER_FIRST_CHECKPOINT
 from safetensors.torch import load_file
 
 from hf_minitx.training.loop import main
@@ -22,17 +23,6 @@ from hf_minitx.training.loop import main
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
        "TOKENIZERS_PARALLELISM": "false"}
-# Run the training, and SIGKILL the process right after its first checkpoint is complete (kill -9).
-KILL_AFTER_FIRST_CHECKPOINT = """
-import os, signal, sys
-import hf_minitx.training.loop as loop
-original = loop.rotate_checkpoints
-def rotate_then_die(*args, **kwargs):
-    original(*args, **kwargs)
-    os.kill(os.getpid(), signal.SIGKILL)
-loop.rotate_checkpoints = rotate_then_die
-loop.main(sys.argv[1:])
-"""
 
 
 @pytest.fixture(scope="module")

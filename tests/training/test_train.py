@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import KILL_AFTER_FIRST_CHECKPOINT
 from safetensors.torch import load_file
 
 from hf_minitx.training.arguments import parse_training_args
@@ -195,6 +197,33 @@ def test_resume_gives_the_same_weights_as_a_straight_run(text_file, tmp_path):
     assert [r["loss"] for r in records(straight, "train")] == [r["loss"] for r in records(resumed, "train")]
 
 
+@pytest.mark.slow
+def test_muon_and_wsd_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_run(text_file, tmp_path):
+    """Muon + AdamW (both states in the checkpoint) and the WSD schedule: SIGKILL after checkpoint-3, resume."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    extra = ("--max_steps", "6", "--checkpointing_steps", "3", "--optimizer", "muon", "--lr_scheduler_type",
+             "warmup_stable_decay", "--decay_ratio", "0.5", "--config_overrides",
+             "hidden_size=32,intermediate_size=64,max_position_embeddings=64,hidden_dropout=0.1,tie_word_embeddings=false")
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    train = [sys.executable, "-m", "hf_minitx", "train"]
+    subprocess.run([*train, *causal_args(text_file, straight, *extra)], check=True, env=env, cwd=REPO, timeout=300)
+    died = subprocess.run([sys.executable, "-c", KILL_AFTER_FIRST_CHECKPOINT, *causal_args(text_file, killed, *extra)],
+                          env=env, cwd=REPO, timeout=300, capture_output=True)
+    assert died.returncode == -signal.SIGKILL, died.stderr.decode()[-2000:]
+    saved = torch.load(killed / "checkpoint-3" / "optimizer.bin", weights_only=False)
+    assert set(saved) == {"muon", "adamw"} and saved["muon"]["state"] and saved["adamw"]["state"]
+    subprocess.run([*train, *causal_args(text_file, killed, *extra, "--resume_from_checkpoint", "latest")],
+                   check=True, env=env, cwd=REPO, timeout=300)
+
+    a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert [r["loss"] for r in records(straight, "train")] == [r["loss"] for r in records(killed, "train")]
+    assert [r["learning_rate"] for r in records(straight, "train")] == [
+        r["learning_rate"] for r in records(killed, "train")]
+
+
 # --- two processes -------------------------------------------------------------------------------
 
 
@@ -207,7 +236,7 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_two_processes_match_one_process_at_the_same_global_batch(text_file, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    common = ("--max_steps", "5", "--eval_steps", "5", "--gradient_accumulation_steps", "2")
+    common = ("--max_steps", "5", "--eval_steps", "5", "--gradient_accumulation_steps", "2", "--optimizer", "muon")
     one = tmp_path / "one"
     two = tmp_path / "two"
     subprocess.run([sys.executable, "-m", "hf_minitx", "train",
