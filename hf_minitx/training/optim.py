@@ -119,14 +119,21 @@ class CombinedOptimizer(torch.optim.Optimizer):
     """Several torch optimizers stepped as one: one object for ``accelerator.prepare``, the checkpoint
     (``state_dict`` holds each part's state under its name) and the schedule.
 
-    ``param_groups`` are the parts' own group dicts, in order, so a schedule that sets ``group["lr"]`` sets it
-    in the part that owns the group.
+    ``param_groups`` are read from the parts at every access (loading a state replaces a part's group dicts), so a
+    schedule that sets ``group["lr"]`` always sets it in the part that owns the group.
     """
 
     def __init__(self, parts: dict[str, torch.optim.Optimizer]) -> None:
         self.parts = parts
         super().__init__([{"params": [torch.zeros(0)]}], {})  # hooks and bookkeeping; the groups are the parts'
-        self.param_groups = [group for part in parts.values() for group in part.param_groups]
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [group for part in self.parts.values() for group in part.param_groups]
+
+    @param_groups.setter
+    def param_groups(self, value: Any) -> None:
+        pass  # set by Optimizer.__init__; the parts own the groups
 
     @property
     def state(self) -> dict:  # read-only merged view: each part keeps its own state

@@ -181,3 +181,22 @@ def test_muon_step_is_torchs_muon_with_float32_orthogonalisation(monkeypatch):
     assert opt_ours.state_dict()["state"][0]["momentum_buffer"].equal(opt_theirs.state_dict()["state"][0]["momentum_buffer"])
     singular = torch.linalg.svdvals(newton_schulz(torch.randn(64, 24), (3.4445, -4.775, 2.0315), 5, 1e-7))
     assert singular.min() > 0.5 and singular.max() < 1.5  # semi-orthogonal, up to the iteration's slack
+
+
+def test_the_schedule_reaches_both_parts_after_accelerate_prepares_and_reloads_them(make_config):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    args = TrainArguments(optimizer="muon", warmup_steps=4, learning_rate=1e-3, muon_learning_rate=0.02)
+    model = _model(make_config)
+    optimizer = build_optimizer(model, args)
+    scheduler = build_scheduler(optimizer, args, 10)  # built before prepare, as the training loop does
+    model, prepared = Accelerator(cpu=True).prepare(model, optimizer)  # prepare reloads the state: new group dicts
+    prepared.load_state_dict(prepared.state_dict())
+    for step in range(1, 4):
+        prepared.step()
+        scheduler.step()
+        used = {name: part.param_groups[0]["lr"] for name, part in optimizer.parts.items()}
+        assert used == pytest.approx({"muon": 0.02 * step / 4, "adamw": 1e-3 * step / 4})

@@ -222,6 +222,8 @@ def test_muon_and_wsd_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_r
     assert [r["loss"] for r in records(straight, "train")] == [r["loss"] for r in records(killed, "train")]
     assert [r["learning_rate"] for r in records(straight, "train")] == [
         r["learning_rate"] for r in records(killed, "train")]
+    train = records(straight, "train")
+    assert train[-1]["loss"] < train[0]["loss"] and train[2]["learning_rate"] > 0  # it learns: the schedule reaches Muon
 
 
 # --- two processes -------------------------------------------------------------------------------
