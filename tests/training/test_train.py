@@ -162,6 +162,21 @@ def test_saved_folder_loads_with_auto_classes_and_generates(causal_run):
     assert summary["hub_dataset"] is False and summary["mixed_precision"] == "no"
 
 
+@pytest.mark.slow
+def test_summary_records_the_recipe(causal_run):
+    summary = json.loads((causal_run / "training_summary.json").read_text())
+    recipe = summary["recipe"]
+    defaults = parse_training_args([])[2]
+    assert recipe["optimizer"] == defaults.optimizer
+    assert recipe["schedule"]["type"] == defaults.lr_scheduler_type and recipe["schedule"]["total_steps"] == 30
+    assert (recipe["block_size"], recipe["per_device_train_batch_size"], recipe["global_batch_size"]) == (32, 8, 8)
+    assert recipe["max_grad_norm"] == 1.0
+    groups = recipe["parameter_groups"]
+    assert sum(g["parameters"] for g in groups) == summary["num_parameters"]  # every parameter, once
+    assert all({"name", "optimizer", "learning_rate", "weight_decay", "tensors"} <= set(g) for g in groups)
+    assert summary["tokens_seen"] == 30 * 8 * 32
+
+
 # --- exact resume --------------------------------------------------------------------------------
 
 
