@@ -200,3 +200,24 @@ def test_the_schedule_reaches_both_parts_after_accelerate_prepares_and_reloads_t
         scheduler.step()
         used = {name: part.param_groups[0]["lr"] for name, part in optimizer.parts.items()}
         assert used == pytest.approx({"muon": 0.02 * step / 4, "adamw": 1e-3 * step / 4})
+
+
+def test_gpt2_style_preset_brings_back_adamw_and_cosine_under_the_command_line(tmp_path):
+    import json
+
+    from hf_minitx.training.arguments import load_preset, parse_training_args, preset_training
+
+    model_args, _, train = parse_training_args(["--preset", "gpt2-style"])
+    assert (train.optimizer, train.lr_scheduler_type, train.learning_rate, train.warmup_steps) == (
+        "adamw", "cosine", 1e-3, 100)
+    assert load_preset("gpt2-style")["position_embedding_type"] == "learned"  # the training key is not a config field
+    _, _, train = parse_training_args(["--preset", "gpt2-style", "--learning_rate", "0.004"])
+    assert (train.optimizer, train.learning_rate) == ("adamw", 0.004)  # the command line wins
+    args_file = tmp_path / "run.json"
+    args_file.write_text(json.dumps({"preset": "gpt2-style", "warmup_steps": 7}))
+    _, _, train = parse_training_args([str(args_file)])
+    assert (train.optimizer, train.warmup_steps) == ("adamw", 7)  # so does an arguments file
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hidden_size": 32, "training": {"optimiser": "adamw"}}))
+    with pytest.raises(ValueError, match="unknown training argument.*optimiser"):
+        preset_training(str(bad))
