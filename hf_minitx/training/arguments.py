@@ -131,12 +131,12 @@ class TrainArguments:
         default=1, metadata={"help": "Micro-batches per optimizer step (accelerator.accumulate)."}
     )
     optimizer: Literal["adamw", "muon"] = field(
-        default="adamw",
+        default="muon",
         metadata={"help": "adamw: AdamW on every parameter. muon: torch.optim.Muon on the hidden 2-D matrices "
                           "(--muon_learning_rate), AdamW on embeddings, head, norms and biases (--learning_rate)."},
     )
     learning_rate: float = field(
-        default=1e-3, metadata={"help": "Peak learning rate of AdamW (with --optimizer muon: of the AdamW groups)."}
+        default=3e-3, metadata={"help": "Peak learning rate of AdamW (with --optimizer muon: of the AdamW groups)."}
     )
     weight_decay: float = field(
         default=0.1, metadata={"help": "AdamW weight decay (not applied to biases, norms and embeddings)."}
@@ -145,19 +145,19 @@ class TrainArguments:
     adam_beta2: float = field(default=0.98, metadata={"help": "AdamW beta2."})
     adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
     muon_learning_rate: float = field(
-        default=0.02, metadata={"help": "--optimizer muon: peak learning rate of Muon (the hidden 2-D matrices)."}
+        default=0.03, metadata={"help": "--optimizer muon: peak learning rate of Muon (the hidden 2-D matrices)."}
     )
     muon_momentum: float = field(default=0.95, metadata={"help": "--optimizer muon: Muon's (Nesterov) momentum."})
     muon_weight_decay: float = field(
         default=0.0, metadata={"help": "--optimizer muon: decoupled weight decay of the Muon matrices."}
     )
     lr_scheduler_type: Literal["cosine", "inverse_sqrt", "linear", "constant_with_warmup", "warmup_stable_decay"] = field(
-        default="cosine",
+        default="warmup_stable_decay",
         metadata={"help": "Warmup then cosine decay, the paper's inverse square root, or warmup_stable_decay "
                           "(warmup, hold the peak, decay over the last --decay_ratio of the steps); transformers' "
                           "schedulers."},
     )
-    warmup_steps: int = field(default=100, metadata={"help": "Linear warmup steps."})
+    warmup_steps: int = field(default=20, metadata={"help": "Linear warmup steps."})
     decay_ratio: float = field(
         default=0.3, metadata={"help": "warmup_stable_decay: fraction of the steps spent in the final linear decay."}
     )
