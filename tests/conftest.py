@@ -61,3 +61,32 @@ def rotate_then_die(*args, **kwargs):
 loop.rotate_checkpoints = rotate_then_die
 loop.main(sys.argv[1:])
 """
+
+
+def kill_then_resume(make_args, straight, killed, env, cwd, between=None) -> None:
+    """Train ``straight`` uninterrupted; train ``killed`` until SIGKILL right after its first checkpoint, call
+    ``between(killed)``, then resume it with ``--resume_from_checkpoint latest``. ``make_args(folder)`` gives
+    the `minitx train` arguments of a run in ``folder``."""
+    import signal
+    import subprocess
+    import sys
+
+    train = [sys.executable, "-m", "hf_minitx", "train"]
+    subprocess.run([*train, *make_args(straight)], check=True, env=env, cwd=cwd, timeout=300)
+    died = subprocess.run([sys.executable, "-c", KILL_AFTER_FIRST_CHECKPOINT, *make_args(killed)],
+                          env=env, cwd=cwd, timeout=300, capture_output=True)
+    assert died.returncode == -signal.SIGKILL, died.stderr.decode()[-2000:]
+    if between is not None:
+        between(killed)
+    subprocess.run([*train, *make_args(killed), "--resume_from_checkpoint", "latest"], check=True, env=env, cwd=cwd,
+                   timeout=300)
+
+
+def assert_same_weights(first, second) -> None:
+    """The model.safetensors of two run folders hold the same tensors, bit for bit."""
+    from safetensors.torch import load_file
+
+    a, b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name

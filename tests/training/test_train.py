@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import KILL_AFTER_FIRST_CHECKPOINT
+from conftest import assert_same_weights, kill_then_resume
 from safetensors.torch import load_file
 
 from hf_minitx.training.arguments import parse_training_args
@@ -220,20 +219,14 @@ def test_muon_and_wsd_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_r
              "warmup_stable_decay", "--decay_ratio", "0.5", "--config_overrides",
              "hidden_size=32,intermediate_size=64,max_position_embeddings=64,hidden_dropout=0.1,tie_word_embeddings=false")
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    train = [sys.executable, "-m", "hf_minitx", "train"]
-    subprocess.run([*train, *causal_args(text_file, straight, *extra)], check=True, env=env, cwd=REPO, timeout=300)
-    died = subprocess.run([sys.executable, "-c", KILL_AFTER_FIRST_CHECKPOINT, *causal_args(text_file, killed, *extra)],
-                          env=env, cwd=REPO, timeout=300, capture_output=True)
-    assert died.returncode == -signal.SIGKILL, died.stderr.decode()[-2000:]
-    saved = torch.load(killed / "checkpoint-3" / "optimizer.bin", weights_only=False)
-    assert set(saved) == {"muon", "adamw"} and saved["muon"]["state"] and saved["adamw"]["state"]
-    subprocess.run([*train, *causal_args(text_file, killed, *extra, "--resume_from_checkpoint", "latest")],
-                   check=True, env=env, cwd=REPO, timeout=300)
 
-    a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
-    assert a.keys() == b.keys()
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
+    def both_states_saved(folder: Path) -> None:
+        saved = torch.load(folder / "checkpoint-3" / "optimizer.bin", weights_only=False)
+        assert set(saved) == {"muon", "adamw"} and saved["muon"]["state"] and saved["adamw"]["state"]
+
+    kill_then_resume(lambda folder: causal_args(text_file, folder, *extra), straight, killed, env, REPO,
+                     both_states_saved)
+    assert_same_weights(straight, killed)
     assert [r["loss"] for r in records(straight, "train")] == [r["loss"] for r in records(killed, "train")]
     assert [r["learning_rate"] for r in records(straight, "train")] == [
         r["learning_rate"] for r in records(killed, "train")]
