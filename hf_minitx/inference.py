@@ -145,7 +145,7 @@ def check_generation_arguments(kwargs: dict[str, Any]) -> None:
 def room_for_new_tokens(model: PreTrainedModel, used: int) -> int | None:
     """How many new tokens fit after `used` decoder positions (None: rotary positions have no table)."""
     config = model.config
-    return None if config.position_embedding_type == "rope" else config.max_position_embeddings - used
+    return config.max_position_embeddings - used if config.position_table else None
 
 
 def check_fits_positions(model: PreTrainedModel, used: int, max_new_tokens: int | None) -> None:

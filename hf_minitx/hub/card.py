@@ -17,6 +17,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import eval_results_to_model_index, model_index_to_eval_results
 
 from ..folders import write_file
+from ..models.configuration_minitx import POSITION_KINDS, PositionKind
 from .folder import AUTO_CLASSES, ModelFolderError, count_parameters, read_safetensors_header
 
 TEMPLATE_NAME = "model_card.md"
@@ -90,9 +91,14 @@ def _duration(seconds: float) -> str:
     return " ".join(parts)
 
 
+def _position_kind(config: dict) -> PositionKind:
+    """The kind of the config's position encoding; an unknown name is described by itself, as a table."""
+    name = str(config.get("position_embedding_type"))
+    return POSITION_KINDS.get(name, PositionKind(name, table=True))
+
+
 def _architecture_rows(config: dict, kind: str, num_parameters: int | None) -> list[tuple[str, str]]:
     """(name, value) rows describing the network."""
-    positions = {"sinusoidal": "sinusoidal (fixed)", "learned": "learned absolute", "rope": "rotary (RoPE)"}
     norm = {"pre": "pre-LayerNorm (before each sub-layer)", "post": "post-LayerNorm (after each residual add)"}
     if kind == "seq2seq":
         layers = f"{config.get('num_encoder_layers')} encoder + {config.get('num_decoder_layers')} decoder"
@@ -107,7 +113,7 @@ def _architecture_rows(config: dict, kind: str, num_parameters: int | None) -> l
         ("Hidden size", str(config.get("hidden_size"))),
         ("Attention heads", head_text),
         ("Feed-forward size", f"{config.get('intermediate_size')} ({config.get('hidden_act')})"),
-        ("Positions", f"{positions.get(config.get('position_embedding_type'), config.get('position_embedding_type'))}, "
+        ("Positions", f"{_position_kind(config).description}, "
                       f"up to {config.get('max_position_embeddings')}"),
         ("Normalisation", norm.get(config.get("norm_position"), str(config.get("norm_position")))),
         ("Vocabulary", str(config.get("vocab_size"))),
@@ -299,7 +305,7 @@ def render_model_card(
                for s in ((summary or {}).get("sample_generations") or [])[:5] if isinstance(s, dict)]
     dataset = (summary or {}).get("dataset") or "an unrecorded dataset"
     max_positions = config.get("max_position_embeddings")
-    if config.get("position_embedding_type") == "rope":
+    if not _position_kind(config).table:
         context_sentence = (f"Rotary positions have no hard length limit, but the model was configured for "
                             f"{max_positions} positions and degrades beyond what it saw in training.")
     else:

@@ -1,14 +1,32 @@
 """MiniTxConfig: the one configuration shared by the decoder-only and the encoder-decoder model."""
 
 import math
+from typing import NamedTuple
 
 from transformers import PretrainedConfig
 
-HIDDEN_ACTS = ("gelu", "relu")
+HIDDEN_ACTS = ("gelu", "relu", "relu2", "swiglu")  # the feed-forwards of layers_minitx.ACTIVATIONS
 NORM_POSITIONS = ("pre", "post")
-POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "rope")
+NORM_TYPES = ("layernorm", "rmsnorm")  # the norms of layers_minitx.NORMS
+
+
+class PositionKind(NamedTuple):
+    """What the rest of the package needs to know of a position encoding, without building it."""
+
+    description: str  # how the model card names it
+    table: bool  # a table of max_position_embeddings rows (longer inputs are refused), or rotary (no limit)
+
+
+# name -> kind; each name has its module in positions_minitx.POSITION_ENCODINGS
+POSITION_KINDS = {
+    "sinusoidal": PositionKind("sinusoidal (fixed)", table=True),
+    "learned": PositionKind("learned absolute", table=True),
+    "rope": PositionKind("rotary (RoPE)", table=False),
+}
+POSITION_EMBEDDING_TYPES = tuple(POSITION_KINDS)
 IGNORE_INDEX = -100  # label value the loss skips (padding, prompt tokens)
-BOOL_FIELDS = ("attention_bias", "scale_embeddings", "tie_word_embeddings", "is_encoder_decoder", "use_cache")
+BOOL_FIELDS = ("attention_bias", "scale_embeddings", "tie_word_embeddings", "is_encoder_decoder", "use_cache",
+               "qk_norm", "zero_init_head")
 FLOAT_FIELDS = ("rope_theta", "hidden_dropout", "attention_dropout", "layer_norm_eps", "initializer_range")
 
 
@@ -26,9 +44,17 @@ class MiniTxConfig(PretrainedConfig):
         num_key_value_heads: key/value heads (grouped-query attention); defaults to `num_attention_heads`.
         intermediate_size: hidden width of the feed-forward block; defaults to `4 * hidden_size`.
         max_position_embeddings: longest sequence the positional encoding supports.
-        hidden_act: feed-forward activation, one of "gelu", "relu".
-        norm_position: "pre" (LayerNorm before each sub-layer, GPT-2 style) or "post" (the paper's
+        hidden_act: feed-forward activation: "gelu", "relu", "relu2" (relu(x)^2) or "swiglu" (a gated
+            feed-forward fc2(silu(gate_proj(x)) * fc1(x)), with a third matrix `gate_proj`).
+        norm_position: "pre" (norm before each sub-layer, GPT-2 style) or "post" (the paper's
             LayerNorm(x + sublayer(x))).
+        norm_type: "layernorm" (subtract the mean, divide by the standard deviation, scale and shift) or
+            "rmsnorm" (divide by the root mean square, scale; no mean, no bias).
+        qk_norm: normalise each head's queries and keys (a `norm_type` norm over head_dim, `q_norm`/`k_norm`)
+            right after their projections, before the rotary positions; in cross-attention too.
+        zero_init_head: start the output projection (`lm_head`) at zero, so every first prediction is uniform;
+            needs `tie_word_embeddings=False`.
+        final_logit_softcap: None, or a cap c > 0: logits = c * tanh(logits / c) stay inside (-c, c).
         position_embedding_type: "sinusoidal" (the paper), "learned" (GPT-2) or "rope" (rotary).
         rope_theta: base of the rotary frequencies.
         hidden_dropout: dropout on embeddings and on each sub-layer output before the residual add.
@@ -57,6 +83,10 @@ class MiniTxConfig(PretrainedConfig):
     max_position_embeddings: int = 512
     hidden_act: str = "gelu"
     norm_position: str = "pre"
+    norm_type: str = "layernorm"
+    qk_norm: bool = False
+    zero_init_head: bool = False
+    final_logit_softcap: float | None = None
     position_embedding_type: str = "learned"
     rope_theta: float = 10000.0
     hidden_dropout: float = 0.0
@@ -99,6 +129,11 @@ class MiniTxConfig(PretrainedConfig):
         """Width of one attention head."""
         return self.hidden_size // self.num_attention_heads
 
+    @property
+    def position_table(self) -> bool:
+        """Whether positions come from a table of `max_position_embeddings` rows (False: rotary, no limit)."""
+        return POSITION_KINDS[self.position_embedding_type].table
+
     def _check_types(self) -> None:
         """Raise ValueError for fields of the wrong type (e.g. the string "false" for a bool), before any use.
 
@@ -124,6 +159,7 @@ class MiniTxConfig(PretrainedConfig):
         choices = {
             "hidden_act": HIDDEN_ACTS,
             "norm_position": NORM_POSITIONS,
+            "norm_type": NORM_TYPES,
             "position_embedding_type": POSITION_EMBEDDING_TYPES,
         }
         for name, allowed in choices.items():
@@ -146,7 +182,7 @@ class MiniTxConfig(PretrainedConfig):
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"MiniTxConfig.num_attention_heads ({self.num_attention_heads}) must be divisible by "
                              f"num_key_value_heads ({self.num_key_value_heads}).")
-        if self.position_embedding_type == "rope" and self.head_dim % 2:
+        if not self.position_table and self.head_dim % 2:
             raise ValueError(f"MiniTxConfig: rotary positions need an even head dimension, got {self.head_dim}.")
         if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2:
             raise ValueError(f"MiniTxConfig: sinusoidal positions need an even hidden_size, got {self.hidden_size}.")
@@ -164,6 +200,18 @@ class MiniTxConfig(PretrainedConfig):
                 raise ValueError(f"MiniTxConfig.{name} must be an integer token id or None, got {value!r}.")
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"MiniTxConfig.{name}={value} is outside the vocabulary [0, {self.vocab_size}).")
+        self._check_head()
+
+    def _check_head(self) -> None:
+        """The output head's options: a zero start needs an untied head; a soft cap is a finite number > 0."""
+        if self.zero_init_head and self.tie_word_embeddings:
+            raise ValueError("MiniTxConfig.zero_init_head=True would zero the token embeddings too, which the head "
+                             "shares; set tie_word_embeddings=False with it.")
+        cap = self.final_logit_softcap
+        if cap is not None and (not isinstance(cap, (int, float)) or isinstance(cap, bool) or not math.isfinite(cap)
+                                or cap <= 0):
+            raise ValueError(f"MiniTxConfig.final_logit_softcap must be None (no cap) or a finite number > 0 "
+                             f"(e.g. 30.0), got {cap!r}.")
 
 
-__all__ = ["MiniTxConfig", "IGNORE_INDEX"]
+__all__ = ["MiniTxConfig", "IGNORE_INDEX", "POSITION_KINDS"]

@@ -1,6 +1,7 @@
 """Building blocks: multi-head attention, the position-wise feed-forward network, encoder and decoder layers."""
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -12,9 +13,56 @@ from .attention_minitx import eager_attention_forward
 from .configuration_minitx import MiniTxConfig
 from .positions_minitx import apply_rotary
 
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu": nn.functional.gelu,
-    "relu": nn.functional.relu,
+
+class MiniTxRMSNorm(nn.Module):
+    """Root-mean-square norm: x / sqrt(mean(x²) + eps) * weight, over the last dimension.
+
+    Unlike LayerNorm it subtracts no mean and adds no bias: one reduction instead of two, and one vector of
+    parameters. Computed in float32 and returned in the input's dtype.
+    """
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(..., size) -> (..., size) with unit root mean square, times `weight`."""
+        states = hidden_states.float()
+        states = states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (states * self.weight.float()).to(hidden_states.dtype)
+
+
+# The one seam of norms: config.norm_type -> (size, eps) -> module.
+NORMS: dict[str, Callable[[int, float], nn.Module]] = {
+    "layernorm": lambda size, eps: nn.LayerNorm(size, eps=eps),
+    "rmsnorm": MiniTxRMSNorm,
+}
+
+
+def make_norm(config: MiniTxConfig, size: int | None = None) -> nn.Module:
+    """The config's norm over `size` features (default hidden_size)."""
+    return NORMS[config.norm_type](size or config.hidden_size, config.layer_norm_eps)
+
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """relu(x)², the ReLU² activation: zero for x <= 0, x² above."""
+    return nn.functional.relu(x).square()
+
+
+class Activation(NamedTuple):
+    """A feed-forward activation; a gated one multiplies act(gate_proj(x)) with fc1(x)."""
+
+    fn: Callable[[torch.Tensor], torch.Tensor]
+    gated: bool = False
+
+
+# The one seam of feed-forward activations: config.hidden_act -> Activation.
+ACTIVATIONS: dict[str, Activation] = {
+    "gelu": Activation(nn.functional.gelu),
+    "relu": Activation(nn.functional.relu),
+    "relu2": Activation(relu_squared),
+    "swiglu": Activation(nn.functional.silu, gated=True),
 }
 
 
@@ -40,10 +88,17 @@ class MiniTxAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
+        # QK-norm: per-head norms of queries and keys (identity when off, so no parameters and no saved keys)
+        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
+        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
 
-    def _heads(self, projection: nn.Linear, states: torch.Tensor) -> torch.Tensor:
+    def _heads(self, projection: nn.Linear, states: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
+        """Project (batch, seq, hidden) states and split the heads; `norm` (QK-norm) acts on each head."""
         batch, seq, _ = states.shape
-        return projection(states).view(batch, seq, -1, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
+        heads = projection(states).view(batch, seq, -1, self.head_dim)  # (batch, seq, heads, head_dim)
+        if norm is not None:
+            heads = norm(heads)
+        return heads.transpose(1, 2)  # (batch, heads, seq, head_dim)
 
     def forward(
         self,
@@ -58,11 +113,11 @@ class MiniTxAttention(nn.Module):
         Returns the output (batch, q_len, hidden) and the attention weights (eager only, else None).
         """
         batch, q_len, _ = hidden_states.shape
-        query = self._heads(self.q_proj, hidden_states)  # (batch, heads, q_len, head_dim)
+        query = self._heads(self.q_proj, hidden_states, self.q_norm)  # (batch, heads, q_len, head_dim)
         if self.is_cross_attention:
             key, value = self._cross_key_value(key_value_states, past_key_values)
         else:
-            key = self._heads(self.k_proj, hidden_states)  # (batch, kv_heads, q_len, head_dim)
+            key = self._heads(self.k_proj, hidden_states, self.k_norm)  # (batch, kv_heads, q_len, head_dim)
             value = self._heads(self.v_proj, hidden_states)
             if position_embeddings is not None:
                 cos, sin = position_embeddings
@@ -86,12 +141,12 @@ class MiniTxAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values of the encoder output, computed once per generation and then read from the cache."""
         if not isinstance(past_key_values, EncoderDecoderCache):
-            return self._heads(self.k_proj, encoder_states), self._heads(self.v_proj, encoder_states)
+            return self._heads(self.k_proj, encoder_states, self.k_norm), self._heads(self.v_proj, encoder_states)
         cache = past_key_values.cross_attention_cache
         if past_key_values.is_updated.get(self.layer_idx):
             layer = cache.layers[self.layer_idx]
             return layer.keys, layer.values
-        key = self._heads(self.k_proj, encoder_states)  # (batch, kv_heads, src_len, head_dim)
+        key = self._heads(self.k_proj, encoder_states, self.k_norm)  # (batch, kv_heads, src_len, head_dim)
         value = self._heads(self.v_proj, encoder_states)
         key, value = cache.update(key, value, self.layer_idx)
         past_key_values.is_updated[self.layer_idx] = True
@@ -99,28 +154,37 @@ class MiniTxAttention(nn.Module):
 
 
 class MiniTxMLP(nn.Module):
-    """The position-wise feed-forward network: fc2(act(fc1(x))), applied to every position alike."""
+    """The position-wise feed-forward network, applied to every position alike.
+
+    fc2(act(fc1(x))); a gated activation (swiglu) adds `gate_proj`: fc2(act(gate_proj(x)) * fc1(x)).
+    """
 
     def __init__(self, config: MiniTxConfig):
         super().__init__()
+        activation = ACTIVATIONS[config.hidden_act]
         self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.attention_bias)
+        if activation.gated:
+            self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.attention_bias)
         self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.attention_bias)
-        self.act = ACTIVATIONS[config.hidden_act]
+        self.act = activation.fn
+        self.gated = activation.gated
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """(batch, seq, hidden) -> (batch, seq, hidden)."""
+        if self.gated:
+            return self.fc2(self.act(self.gate_proj(hidden_states)) * self.fc1(hidden_states))
         return self.fc2(self.act(self.fc1(hidden_states)))
 
 
 class MiniTxLayerBase(GradientCheckpointingLayer):
-    """Residual + LayerNorm around a sub-layer, pre-LN (x + f(LN(x))) or post-LN (LN(x + f(x)))."""
+    """Residual + norm around a sub-layer, pre-LN (x + f(LN(x))) or post-LN (LN(x + f(x)))."""
 
     def __init__(self, config: MiniTxConfig):
         super().__init__()
         self.pre_norm = config.norm_position == "pre"
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def sublayer(self, hidden_states: torch.Tensor, norm: nn.LayerNorm, fn: Callable) -> tuple[torch.Tensor, object]:
+    def sublayer(self, hidden_states: torch.Tensor, norm: nn.Module, fn: Callable) -> tuple[torch.Tensor, object]:
         """Apply `fn` (returning an output or an (output, extra) pair) with residual and norm; return (states, extra)."""
         out = fn(norm(hidden_states) if self.pre_norm else hidden_states)
         out, extra = out if isinstance(out, tuple) else (out, None)
@@ -134,9 +198,9 @@ class MiniTxEncoderLayer(MiniTxLayerBase):
     def __init__(self, config: MiniTxConfig, layer_idx: int):
         super().__init__(config)
         self.self_attn = MiniTxAttention(config, layer_idx)
-        self.self_attn_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.self_attn_layer_norm = make_norm(config)
         self.mlp = MiniTxMLP(config)
-        self.mlp_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp_layer_norm = make_norm(config)
 
     def forward(
         self,
@@ -159,12 +223,12 @@ class MiniTxDecoderLayer(MiniTxLayerBase):
     def __init__(self, config: MiniTxConfig, layer_idx: int):
         super().__init__(config)
         self.self_attn = MiniTxAttention(config, layer_idx, is_causal=True)
-        self.self_attn_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.self_attn_layer_norm = make_norm(config)
         if config.is_encoder_decoder:
             self.cross_attn = MiniTxAttention(config, layer_idx, is_cross_attention=True)
-            self.cross_attn_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+            self.cross_attn_layer_norm = make_norm(config)
         self.mlp = MiniTxMLP(config)
-        self.mlp_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp_layer_norm = make_norm(config)
 
     def forward(
         self,
@@ -192,4 +256,4 @@ class MiniTxDecoderLayer(MiniTxLayerBase):
         return hidden_states, self_weights, cross_weights
 
 
-__all__ = ["MiniTxAttention", "MiniTxMLP", "MiniTxEncoderLayer", "MiniTxDecoderLayer"]
+__all__ = ["NORMS", "ACTIVATIONS", "MiniTxRMSNorm", "make_norm", "relu_squared", "MiniTxAttention", "MiniTxMLP", "MiniTxEncoderLayer", "MiniTxDecoderLayer"]

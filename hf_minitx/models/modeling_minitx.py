@@ -23,8 +23,9 @@ from transformers.utils import logging
 
 from .attention_minitx import cross_attention_mask, self_attention_mask
 from .configuration_minitx import IGNORE_INDEX, MiniTxConfig
-from .layers_minitx import MiniTxDecoderLayer, MiniTxEncoderLayer
+from .layers_minitx import MiniTxDecoderLayer, MiniTxEncoderLayer, MiniTxRMSNorm, make_norm
 from .positions_minitx import (
+    POSITION_ENCODINGS,
     MiniTxPositionalEmbedding,
     MiniTxRotaryEmbedding,
     rope_inverse_frequencies,
@@ -142,7 +143,9 @@ class MiniTxPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
+        if module is getattr(self, "lm_head", None) and self.config.zero_init_head:
+            init.zeros_(module.weight)  # every first prediction uniform: the loss starts at ln(vocab_size)
+        elif isinstance(module, nn.Linear):
             init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 init.zeros_(module.bias)
@@ -151,6 +154,8 @@ class MiniTxPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+        elif isinstance(module, MiniTxRMSNorm):
+            init.ones_(module.weight)
         elif isinstance(module, MiniTxPositionalEmbedding):
             if module.learned:
                 init.normal_(module.weight, mean=0.0, std=std)
@@ -174,17 +179,16 @@ class MiniTxStack(nn.Module):
         if not (is_decoder and config.is_encoder_decoder):
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
-        if config.position_embedding_type == "rope":
-            self.rotary_emb = MiniTxRotaryEmbedding(config)
-        else:
-            self.embed_positions = MiniTxPositionalEmbedding(config)
+        positions = POSITION_ENCODINGS[config.position_embedding_type]
+        self.positions_attribute = positions.attribute  # "embed_positions" or "rotary_emb", as saved checkpoints name it
+        setattr(self, positions.attribute, positions(config))
         self.dropout = nn.Dropout(config.hidden_dropout)
         layer_cls, num_layers = (
             (MiniTxDecoderLayer, config.num_hidden_layers) if is_decoder else (MiniTxEncoderLayer, config.num_encoder_layers)
         )
         self.layers = nn.ModuleList(layer_cls(config, layer_idx) for layer_idx in range(num_layers))
         # Post-LN ends every layer with a LayerNorm already; pre-LN needs one at the end of the stack.
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
+        self.norm = make_norm(config) if config.norm_position == "pre" else None
 
     def embed(self, input_ids: torch.LongTensor) -> torch.Tensor:
         """(batch, seq) token ids -> (batch, seq, hidden) scaled token embeddings (ids checked by `check_inputs`)."""
@@ -228,11 +232,8 @@ class MiniTxStack(nn.Module):
             position_ids = positions_from_mask(attention_mask, q_len, past_len, inputs_embeds.device)
 
         hidden_states = inputs_embeds
-        position_embeddings = None
-        if self.config.position_embedding_type == "rope":
-            position_embeddings = self.rotary_emb(position_ids, hidden_states.dtype)
-        else:
-            hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
+        # absolute positions are added here; rotary ones come back as cos/sin for the attention layers
+        hidden_states, position_embeddings = getattr(self, self.positions_attribute).apply(hidden_states, position_ids)
         hidden_states = self.dropout(hidden_states)
 
         mask = self_attention_mask(attention_mask, q_len, past_len, kv_len, causal=self.is_decoder, has_padding=has_padding)
@@ -280,7 +281,7 @@ class MiniTxStack(nn.Module):
                     f"a 4-D attention_mask must be (batch or 1, 1 or heads, query, keys) = ({batch}, 1, {q_len}, "
                     f"{kv_len}) for this input, got {tuple(attention_mask.shape)}; pass the 2-D (batch, seq) mask "
                     "the tokenizer returned and let the model build the 4-D one.")
-        if self.config.position_embedding_type != "rope" and total_len > self.config.max_position_embeddings:
+        if self.config.position_table and total_len > self.config.max_position_embeddings:
             raise ValueError(
                 f"Sequence of {total_len} positions is longer than max_position_embeddings="
                 f"{self.config.max_position_embeddings} of this model ({self.config.position_embedding_type} "
@@ -404,6 +405,12 @@ class MiniTxLMHeadMixin:
             raise ValueError(f"This checkpoint is {kind} MiniTx model (is_encoder_decoder={config.is_encoder_decoder}); "
                              f"load it with {use}.")
 
+    def output_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, hidden) -> (batch, seq, vocab): `lm_head`, then c * tanh(logits / c) with a soft cap c."""
+        logits = self.lm_head(hidden_states)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
+
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
@@ -526,7 +533,7 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
         hidden_states = outputs.last_hidden_state
         if logits_to_keep:
             hidden_states = hidden_states[:, -logits_to_keep:]
-        logits = self.lm_head(hidden_states)  # (batch, seq, vocab)
+        logits = self.output_logits(hidden_states)  # (batch, seq, vocab)
         loss = None
         if shift_labels is not None:
             loss = self.lm_loss(logits, shift_labels, True, "shift_labels", **kwargs)
@@ -609,7 +616,7 @@ class MiniTxForConditionalGeneration(MiniTxLMHeadMixin, MiniTxPreTrainedModel, G
         hidden_states = outputs.last_hidden_state
         if logits_to_keep:
             hidden_states = hidden_states[:, -logits_to_keep:]
-        logits = self.lm_head(hidden_states)  # (batch, tgt, vocab)
+        logits = self.output_logits(hidden_states)  # (batch, tgt, vocab)
         loss = self.lm_loss(logits, labels, True, "labels", **kwargs) if labels is not None else None
         output = Seq2SeqLMOutput(
             loss=loss, logits=logits, past_key_values=outputs.past_key_values,

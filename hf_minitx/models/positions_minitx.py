@@ -31,6 +31,8 @@ class MiniTxPositionalEmbedding(nn.Module):
     `MiniTxPreTrainedModel._init_weights` on load.
     """
 
+    attribute = "embed_positions"  # the stack's attribute (and state-dict prefix) holding this module
+
     def __init__(self, config: MiniTxConfig):
         super().__init__()
         self.learned = config.position_embedding_type == "learned"
@@ -44,9 +46,15 @@ class MiniTxPositionalEmbedding(nn.Module):
         """(batch | 1, seq) position ids -> (batch | 1, seq, hidden) position vectors."""
         return nn.functional.embedding(position_ids, self.weight)
 
+    def apply(self, hidden_states: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """Add the position vectors to (batch, seq, hidden) embeddings; nothing for the attention layers."""
+        return hidden_states + self(position_ids).to(hidden_states.dtype), None
+
 
 class MiniTxRotaryEmbedding(nn.Module):
     """cos/sin of the rotary angles for given positions; `apply_rotary` rotates queries and keys with them."""
+
+    attribute = "rotary_emb"  # the stack's attribute (and state-dict prefix) holding this module
 
     def __init__(self, config: MiniTxConfig):
         super().__init__()
@@ -60,6 +68,12 @@ class MiniTxRotaryEmbedding(nn.Module):
         angles = torch.cat((angles, angles), dim=-1)[:, None]  # (batch, 1, seq, head_dim)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
+    def apply(
+        self, hidden_states: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Leave the embeddings as they are; give the attention layers cos/sin to rotate queries and keys."""
+        return hidden_states, self(position_ids, hidden_states.dtype)
+
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate channel pairs (i, i + head_dim/2) of x (batch, heads, seq, head_dim) by the given angles."""
@@ -68,7 +82,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
+# The one seam of position encodings: config.position_embedding_type -> module. Each module has `attribute`
+# (where the stack keeps it) and `apply(hidden_states, position_ids) -> (hidden_states, position_embeddings)`.
+POSITION_ENCODINGS: dict[str, type[nn.Module]] = {
+    "sinusoidal": MiniTxPositionalEmbedding,
+    "learned": MiniTxPositionalEmbedding,
+    "rope": MiniTxRotaryEmbedding,
+}
+
+
 __all__ = [
+    "POSITION_ENCODINGS",
     "sinusoidal_table",
     "rope_inverse_frequencies",
     "MiniTxPositionalEmbedding",
