@@ -49,6 +49,9 @@ class ExperimentConfig:
     num_heads: int = field(default=4, metadata={"help": "attention heads"})
     intermediate_size: int = field(default=128, metadata={"help": "feed-forward width"})
     norm_position: str = field(default="pre", metadata={"help": "pre (x + f(LN(x))) or post (LN(x + f(x)), the paper)"})
+    norm_type: str = field(default="layernorm", metadata={"help": "layernorm or rmsnorm"})
+    hidden_act: str = field(default="gelu", metadata={"help": "feed-forward activation: gelu, relu, relu2 or swiglu"})
+    qk_norm: bool = field(default=False, metadata={"help": "normalise each head's queries and keys"})
     position_embedding_type: str = field(default="sinusoidal", metadata={"help": "sinusoidal, learned or rope"})
     initializer_range: float = field(default=0.02, metadata={"help": "std of the weights at init; 1/sqrt(hidden_size) is the paper's scale"})
     steps: int = field(default=600, metadata={"help": "optimizer steps"})
@@ -108,7 +111,8 @@ class ExperimentConfig:
         return MiniTxConfig(
             vocab_size=self.vocab_size, hidden_size=self.hidden_size, num_hidden_layers=self.num_layers,
             num_attention_heads=self.num_heads, intermediate_size=self.intermediate_size,
-            max_position_embeddings=self.max_length + 2, norm_position=self.norm_position,
+            max_position_embeddings=self.max_length + 2, norm_position=self.norm_position, norm_type=self.norm_type,
+            hidden_act=self.hidden_act, qk_norm=self.qk_norm,
             position_embedding_type=self.position_embedding_type, is_encoder_decoder=True,
             tie_word_embeddings=True, scale_embeddings=True, initializer_range=self.initializer_range,
         )
@@ -326,6 +330,11 @@ def _describe(label: str, summary: dict) -> str:
 def _convert(name: str, values: list[str]) -> list:
     """Command-line strings as the type of ExperimentConfig field `name` (the word `none` gives None)."""
     kind = type(ExperimentConfig.__dataclass_fields__[name].default)
+    if kind is bool:  # --compare qk_norm false true
+        words = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+        if any(v.lower() not in words for v in values):
+            raise ValueError(f"--compare {name}: give true/false values, got {values}")
+        return [words[v.lower()] for v in values]
     convert = float if name in NONE_FIELDS else kind if kind in (int, float, str) else str
     return [None if name in NONE_FIELDS and v.lower() == "none" else convert(v) for v in values]
 

@@ -165,3 +165,18 @@ def test_compare_adamw_and_muon_side_by_side(tmp_path, capsys):
     assert (tmp_path / "comparison.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="optimizer='sgd' is not known"):
         ExperimentConfig(optimizer="sgd")
+
+
+def test_compare_layernorm_and_rmsnorm_and_qk_norm_from_the_command_line(tmp_path):
+    import hf_minitx.tools.experiments as cli
+
+    argv = [f"--{k}={v}" for k, v in TINY.items() if k != "stop_at_exact_match"] + ["--stop_at_exact_match", "none"]
+    cli.main([*argv, "--compare", "norm_type", "layernorm", "rmsnorm", "--output_dir", str(tmp_path / "norms")])
+    saved = {v: json.loads((tmp_path / "norms" / f"norm_type-{v}" / "config.json").read_text())
+             for v in ("layernorm", "rmsnorm")}
+    assert [saved[v]["norm_type"] for v in ("layernorm", "rmsnorm")] == ["layernorm", "rmsnorm"]
+    summaries = cli.main([*argv, "--compare", "qk_norm", "false", "true", "--output_dir", str(tmp_path / "qk")])
+    assert [s["experiment"]["qk_norm"] for s in summaries.values()] == [False, True]
+    assert json.loads((tmp_path / "qk" / "qk_norm-True" / "config.json").read_text())["qk_norm"] is True
+    with pytest.raises(ValueError, match="true/false"):
+        cli.main([*argv, "--compare", "qk_norm", "no", "maybe", "--output_dir", str(tmp_path / "bad")])
