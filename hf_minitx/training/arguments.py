@@ -125,7 +125,7 @@ class TrainArguments:
         default=None, metadata={"help": "'latest' or the path of a checkpoint-STEP folder to continue from."}
     )
     seed: int = field(default=42, metadata={"help": "Seed of initialisation, data order and dropout."})
-    per_device_train_batch_size: int = field(default=16, metadata={"help": "Rows per micro-batch per process."})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Rows per micro-batch per process."})
     per_device_eval_batch_size: int = field(default=32, metadata={"help": "Rows per evaluation batch per process."})
     gradient_accumulation_steps: int = field(
         default=1, metadata={"help": "Micro-batches per optimizer step (accelerator.accumulate)."}
@@ -136,7 +136,7 @@ class TrainArguments:
                           "(--muon_learning_rate), AdamW on embeddings, head, norms and biases (--learning_rate)."},
     )
     learning_rate: float = field(
-        default=3e-3, metadata={"help": "Peak learning rate of AdamW (with --optimizer muon: of the AdamW groups)."}
+        default=6e-3, metadata={"help": "Peak learning rate of AdamW (with --optimizer muon: of the AdamW groups)."}
     )
     weight_decay: float = field(
         default=0.1, metadata={"help": "AdamW weight decay (not applied to biases, norms and embeddings)."}
@@ -145,7 +145,7 @@ class TrainArguments:
     adam_beta2: float = field(default=0.98, metadata={"help": "AdamW beta2."})
     adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
     muon_learning_rate: float = field(
-        default=0.03, metadata={"help": "--optimizer muon: peak learning rate of Muon (the hidden 2-D matrices)."}
+        default=0.05, metadata={"help": "--optimizer muon: peak learning rate of Muon (the hidden 2-D matrices)."}
     )
     muon_momentum: float = field(default=0.95, metadata={"help": "--optimizer muon: Muon's (Nesterov) momentum."})
     muon_weight_decay: float = field(

@@ -221,3 +221,14 @@ def test_gpt2_style_preset_brings_back_adamw_and_cosine_under_the_command_line(t
     bad.write_text(json.dumps({"hidden_size": 32, "training": {"optimiser": "adamw"}}))
     with pytest.raises(ValueError, match="unknown training argument.*optimiser"):
         preset_training(str(bad))
+
+
+def test_groups_with_the_modern_architecture_options(make_config):
+    model = _model(make_config, norm_type="rmsnorm", qk_norm=True, hidden_act="swiglu", tie_word_embeddings=False,
+                   zero_init_head=True)
+    optimizer = build_optimizer(model, TrainArguments(optimizer="muon"))
+    groups = {g["name"]: {n for n, p in model.named_parameters() if any(p is q for q in g["params"])}
+              for g in optimizer.param_groups}
+    assert sum(len(names) for names in groups.values()) == len(list(model.parameters()))
+    assert any("gate_proj" in n for n in groups["muon"]) and any("q_norm" in n for n in groups["adamw_no_decay"])
+    assert not any("norm" in n or "embed" in n for n in groups["muon"]) and groups["adamw_head"] == {"lm_head.weight"}
