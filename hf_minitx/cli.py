@@ -51,6 +51,8 @@ SUBCOMMANDS = (
                "hf_minitx.hub.push"),
     Subcommand("visualize", "draw attention, positions, masks, parameters or training curves",
                "hf_minitx.tools.visualize"),
+    Subcommand("explore", "one self-contained HTML page: tokens, attention, predictions, checkpoints, the model",
+               "hf_minitx.tools.explore"),
     Subcommand("experiment", "the paper's toy tasks (copy, reverse, post-LN vs pre-LN) and comparisons",
                "hf_minitx.tools.experiments"),
     Subcommand("benchmark", "hf_minitx side by side with GPT-2, BART and torch.nn.Transformer",

@@ -11,7 +11,7 @@ Folders (`train`, `experiment`, `train-tokenizer`, `push --dry_run`):
   are built in a hidden sibling and renamed into place (``write_folder``), so an interruption leaves the
   old complete folder or the new complete one.
 
-Single files (`visualize --out`, `benchmark --json`): written to a temporary sibling and renamed into place
+Single files (`visualize --out`, `explore --out`, `benchmark --json`): written to a temporary sibling and renamed into place
 (atomic); an existing file is replaced only when we wrote it (our tag inside it) or with ``--overwrite``.
 """
 
@@ -28,6 +28,9 @@ from typing import Any
 RUN_MARKER = ".minitx-run.json"
 PARTIAL_SUFFIX = ".partial"  # hidden siblings being written: `.NAME.partial-<pid>`
 WRITTEN_BY = "hf_minitx"  # the tag our single-file outputs carry (PNG text chunk "Software", JSON "written_by")
+
+
+HTML_TAG = f'<meta name="generator" content="{WRITTEN_BY}">'  # the tag our HTML pages carry in their head
 
 
 RUN_FILES = ("metrics.jsonl", "training_summary.json", "model.safetensors")  # what any run folder holds
@@ -190,3 +193,12 @@ def check_output_file(path: str | Path, *, overwrite: bool, option: str, is_ours
             "another file name"
         )
     return out
+
+
+def html_written_by_us(path: Path) -> bool:
+    """Whether the HTML page at ``path`` carries our tag (in its first 2 kB, where the head is)."""
+    try:
+        with Path(path).open(encoding="utf-8", errors="replace") as handle:
+            return HTML_TAG in handle.read(2048)
+    except OSError:
+        return False

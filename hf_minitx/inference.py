@@ -7,7 +7,6 @@ batched encoder-decoder path, also used to score translations during training).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,26 +25,9 @@ from transformers.utils import logging as hf_logging
 
 from .data.tokenizer import checked_texts, load_tokenizer
 from .device import pick_device, pick_dtype
+from .model_files import WEIGHTS_FILE, read_folder_config, read_safetensors_header
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-WEIGHTS_FILE = "model.safetensors"
-MODEL_TYPE = "minitx"
-
-
-def read_folder_config(folder: Path) -> dict:
-    """config.json of a MiniTx folder as a dict; anything else is refused with the reason and the fix."""
-    path = folder / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{folder} is not a model folder (no config.json); pass the --output_dir of a training run")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); save the model again with save_pretrained") from None
-    if not isinstance(config, dict) or config.get("model_type") != MODEL_TYPE:
-        found = config.get("model_type") if isinstance(config, dict) else None
-        raise ValueError(f"{folder} is not a MiniTx folder: config.json has model_type {found!r}, not {MODEL_TYPE!r}; "
-                         "pass a folder written by minitx train or MiniTx*.save_pretrained")
-    return config
 
 
 def check_generation_config(folder: Path) -> None:
@@ -104,8 +86,6 @@ def load_model_folder(
     match its config, or whose files are corrupt, is refused with a ValueError naming the file: nothing is
     ever initialised at random behind the user's back.
     """
-    from .hub.folder import read_safetensors_header
-
     folder = Path(model_dir)
     config = read_folder_config(folder)
     if not (folder / WEIGHTS_FILE).is_file():

@@ -40,6 +40,7 @@ def test_wheel_holds_presets_recipes_card_template_and_the_command(wheel):
     for preset in ("tiny", "small", "gpt2-small", "base", "kjv-demo", "numbers-demo"):
         assert f"hf_minitx/training/presets/{preset}.json" in names
     assert "hf_minitx/tools/recipes/kjv-gpt.json" in names and "hf_minitx/hub/model_card.md" in names
+    assert "hf_minitx/tools/explorer.html" in names  # the page template of `minitx explore`
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "minitx = hf_minitx.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
     assert not any(name.startswith(("scripts/", "tests/", "tokenizer/")) for name in names)
@@ -79,6 +80,8 @@ def test_installed_wheel_trains_generates_stages_and_draws_from_an_empty_folder(
     assert "dry run passed" in staged and (work / "staged" / "modeling_minitx.py").is_file()
     run([str(minitx), "visualize", "masks", "--out", "m.png"], cwd=work, env=env)
     assert (work / "m.png").read_bytes()[:4] == b"\x89PNG"
+    run([str(minitx), "explore", "--model", "out", "--text", "def f(x):", "--out", "explore.html"], cwd=work, env=env)
+    assert '"kind":"causal-lm"' in (work / "explore.html").read_text()
 
 
 @pytest.mark.slow

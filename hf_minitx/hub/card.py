@@ -22,6 +22,7 @@ from .folder import AUTO_CLASSES, ModelFolderError, count_parameters, read_safet
 
 TEMPLATE_NAME = "model_card.md"
 CARD_FILE = "README.md"
+EXPLORER_FILE = "explore.html"  # `minitx explore`'s page, shared with `minitx push --explorer`
 PIPELINE_TAGS = {"causal-lm": "text-generation", "seq2seq": "text2text-generation"}
 TASK_NAMES = {"causal-lm": "Causal language modeling", "seq2seq": "Sequence-to-sequence generation"}
 BUILTIN_LANGUAGES = {
@@ -332,6 +333,7 @@ def render_model_card(
         dataset_config=(summary or {}).get("dataset_config"),
         training_rows=_training_rows(summary or {}),
         has_loss_curve=(folder / "loss_curve.png").is_file(),
+        explorer_file=EXPLORER_FILE if (folder / EXPLORER_FILE).is_file() else None,
         metric_rows=[(_metric_meta(k)[1], _metric_meta(k)[2].format(v)) for k, v in metrics.items()],
         coverage_sentence=_coverage_sentence(summary),
         samples=samples,

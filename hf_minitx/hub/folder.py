@@ -8,28 +8,18 @@ the file that is wrong and how to fix it.
 from __future__ import annotations
 
 import json
-import math
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..model_files import WEIGHTS_FILE, ModelFolderError, count_parameters, read_safetensors_header
+
 KINDS = ("causal-lm", "seq2seq")
 AUTO_CLASSES = {"causal-lm": "AutoModelForCausalLM", "seq2seq": "AutoModelForSeq2SeqLM"}
-WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 REQUIRED_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 OPTIONAL_TOKENIZER_FILES = ("special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
-# Bytes per element of each safetensors dtype.
-SAFETENSORS_ITEMSIZE = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
-    "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8,
-}
 _RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\w+)\s+import\s", re.MULTILINE)
-
-
-class ModelFolderError(ValueError):
-    """A model folder is missing a file or holds a broken one; the message names each file."""
 
 
 @dataclass(frozen=True)
@@ -48,59 +38,6 @@ class ModelFolderInfo:
     def auto_class(self) -> str:
         """Name of the transformers Auto class that loads this model."""
         return AUTO_CLASSES[self.kind]
-
-
-def read_safetensors_header(path: str | Path) -> dict:
-    """Parse and check the header of a .safetensors file without reading the tensor data.
-
-    Returns {tensor name: {"dtype", "shape", "data_offsets"}} (the "__metadata__" entry removed).
-    Raises ModelFolderError naming the file when it is truncated, corrupted or inconsistent.
-    """
-    path = Path(path)
-    size = path.stat().st_size
-    fix = f"Save the model again (model.save_pretrained) or re-download {path.name}."
-    if size < 8:
-        raise ModelFolderError(f"{path} is truncated: {size} bytes, too short for a safetensors header. {fix}")
-    with path.open("rb") as handle:
-        (header_len,) = struct.unpack("<Q", handle.read(8))
-        if header_len > size - 8:
-            raise ModelFolderError(
-                f"{path} is truncated or corrupted: its header claims {header_len} bytes but the file has "
-                f"only {size - 8} after the length field. {fix}"
-            )
-        raw = handle.read(header_len)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-        if not isinstance(header, dict):
-            raise ValueError("the header is not a JSON object")
-    except (UnicodeDecodeError, ValueError) as error:
-        raise ModelFolderError(f"{path} is corrupted: its header is not valid JSON ({error}). {fix}") from None
-    header.pop("__metadata__", None)
-    data_end = 0
-    for name, entry in header.items():
-        try:
-            itemsize = SAFETENSORS_ITEMSIZE[entry["dtype"]]
-            begin, end = (int(x) for x in entry["data_offsets"])
-            numel = math.prod(int(d) for d in entry["shape"])
-        except (KeyError, TypeError, ValueError):
-            raise ModelFolderError(f"{path} is corrupted: the header entry of tensor {name!r} is malformed. {fix}") from None
-        if end - begin != numel * itemsize or begin < 0:
-            raise ModelFolderError(
-                f"{path} is corrupted: tensor {name!r} of shape {entry['shape']} ({entry['dtype']}) spans "
-                f"{end - begin} bytes instead of {numel * itemsize}. {fix}"
-            )
-        data_end = max(data_end, end)
-    expected = 8 + header_len + data_end
-    if size < expected:
-        raise ModelFolderError(f"{path} is truncated: expected {expected} bytes, found {size}. {fix}")
-    if size > expected:
-        raise ModelFolderError(f"{path} is corrupted: {size - expected} unexpected bytes after the tensor data. {fix}")
-    return header
-
-
-def count_parameters(header: dict) -> int:
-    """Number of stored values in a safetensors header (tied weights are stored, and counted, once)."""
-    return sum(math.prod(int(d) for d in entry["shape"]) for entry in header.values())
 
 
 def _load_json(path: Path, problems: list[str]) -> dict | None:

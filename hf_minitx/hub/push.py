@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..folders import check_output_folder, write_folder
-from .card import check_model_card, render_model_card, write_model_card
+from ..folders import check_output_folder, html_written_by_us, write_folder
+from .card import EXPLORER_FILE, check_model_card, render_model_card, write_model_card
 from .folder import ModelFolderError, ModelFolderInfo, verify_model_folder
 
 # Training records shared alongside the model when the folder has them.
@@ -104,8 +104,11 @@ def stage_for_upload(
     repo_id: str | None = None,
     kind: str | None = None,
     license: str = "apache-2.0",
+    explorer: str | Path | None = None,
 ) -> Path:
     """Copy what would be uploaded from `model_dir` into `staging_dir` and write its model card.
+
+    `explorer` is a page written by `minitx explore`: it is shared as `explore.html` and the card links it.
 
     Checks the folder first (`verify_model_folder`, then a load that refuses weights which do not match the
     config, so a broken folder is named as such rather than blamed on the remote-code check); `staging_dir` must be absent or empty. The card
@@ -114,18 +117,34 @@ def stage_for_upload(
     from ..inference import load_model_folder
 
     info = verify_model_folder(model_dir, kind)
+    page = check_explorer_page(explorer) if explorer is not None else None
     load_model_folder(info.path, device="cpu", dtype="float32")  # weights that do not fit the config are refused
     staging = Path(staging_dir)
     if staging.resolve() == info.path.resolve():
         raise ValueError("the staging folder must differ from the model folder.")
     check_output_folder(staging, flag=None, overwrite=False, option="staging folder")
-    return write_folder(staging, lambda folder: _stage(info, folder, repo_id=repo_id, license=license))
+    return write_folder(staging, lambda folder: _stage(info, folder, repo_id=repo_id, license=license, explorer=page))
 
 
-def _stage(info: ModelFolderInfo, staging: Path, *, repo_id: str | None, license: str) -> None:
-    """The files to upload and a fresh model card, copied into the (empty) folder ``staging``."""
+def check_explorer_page(path: str | Path) -> Path:
+    """The --explorer page, refused unless it is a file `minitx explore` wrote."""
+    page = Path(path)
+    if not page.is_file():
+        raise FileNotFoundError(f"--explorer {page} does not exist; make it first: minitx explore --model DIR "
+                                f"--run DIR --text \"...\" --out {page}")
+    if not html_written_by_us(page):
+        raise ValueError(f"--explorer {page} is not a page written by minitx explore; pass the --out of "
+                         "`minitx explore`")
+    return page
+
+
+def _stage(info: ModelFolderInfo, staging: Path, *, repo_id: str | None, license: str,
+           explorer: Path | None = None) -> None:
+    """The files to upload (and the explorer page), and a fresh model card, copied into the empty ``staging``."""
     for name in files_to_upload(info):
         shutil.copy2(info.path / name, staging / name)
+    if explorer is not None:
+        shutil.copy2(explorer, staging / EXPLORER_FILE)
     text = render_model_card(staging, repo_id=repo_id, license=license)
     check_model_card(text)
     (staging / CARD_FILE).write_text(text, encoding="utf-8")
@@ -182,13 +201,14 @@ def dry_run(
     repo_id: str | None = None,
     prompt: str | None = None,
     max_new_tokens: int = 8,
+    explorer: str | Path | None = None,
 ) -> tuple[Path, RemoteLoadResult]:
     """Stage the upload into `staging_dir` and prove the staged folder loads and generates without hf_minitx."""
     if repo_id is not None:
         check_repo_id(repo_id)
     if prompt is not None and not prompt.strip():
         raise ValueError("--prompt is empty; give a few words for the generation check, or leave --prompt out")
-    staging = stage_for_upload(model_dir, staging_dir, repo_id=repo_id)
+    staging = stage_for_upload(model_dir, staging_dir, repo_id=repo_id, explorer=explorer)
     return staging, check_loads_without_package(staging, prompt=prompt, max_new_tokens=max_new_tokens)
 
 
@@ -200,19 +220,22 @@ def push_to_hub(
     revision: str | None = None,
     commit_message: str | None = None,
     token: str | None = None,
+    explorer: str | Path | None = None,
 ) -> str:
     """Upload a model folder to the Hub repo `repo_id` ("owner/name"); returns the commit URL.
 
     Everything is checked before any network call: the repo id, the token, offline mode and the folder.
     The repo is created if missing (`private` applies then), `revision` names a branch (created if
-    missing), and the staged folder is sent with one `upload_folder` commit.
+    missing), and the staged folder is sent with one `upload_folder` commit. `explorer`: a page written by
+    `minitx explore`, shared as explore.html and linked from the card.
     """
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
     token = check_upload_ready(repo_id, token)
     with tempfile.TemporaryDirectory(prefix="minitx-upload-") as workdir:
-        staging = stage_for_upload(model_dir, Path(workdir) / "stage", repo_id=repo_id)  # checks the folder
+        staging = stage_for_upload(model_dir, Path(workdir) / "stage", repo_id=repo_id,
+                                   explorer=explorer)  # checks the folder
         api = HfApi(token=token)
         try:
             api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
@@ -245,6 +268,8 @@ class PushArguments:
                 "and generates with trust_remote_code=True where hf_minitx is not installed"})
     prompt: str | None = field(default=None, metadata={
         "help": "prompt for the --dry_run generation check (default: a training sample)"})
+    explorer: str | None = field(default=None, metadata={
+        "help": "an HTML page written by `minitx explore`: shared as explore.html, and the model card links it"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -255,7 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Upload a saved hf_minitx model folder to the Hugging Face Hub (weights, config, generation config, "
         "tokenizer, custom code and a model card), or check it offline with --dry_run STAGING_DIR."))
     if args.dry_run:
-        staging, result = dry_run(args.model_dir, args.dry_run, repo_id=args.repo_id, prompt=args.prompt)
+        staging, result = dry_run(args.model_dir, args.dry_run, repo_id=args.repo_id, prompt=args.prompt,
+                                  explorer=args.explorer)
         files = sorted(path.name for path in staging.iterdir())
         print(f"staged {len(files)} files in {staging}: {', '.join(files)}")
         print(f"loaded without hf_minitx as {result.model_class.rsplit('.', 1)[-1]} (code from the folder); "
@@ -265,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.repo_id:
         raise ValueError("--repo_id OWNER/NAME is required to upload (or pass --dry_run STAGING_DIR)")
     url = push_to_hub(args.model_dir, args.repo_id, private=args.private, revision=args.revision,
-                      commit_message=args.commit_message)
+                      commit_message=args.commit_message, explorer=args.explorer)
     print(f"uploaded {args.model_dir} to https://huggingface.co/{args.repo_id} ({url})")
     return 0
 

@@ -155,6 +155,8 @@ def run_demo(runs_dir: str | Path = "runs") -> int:
     print("time:        " + ", ".join(f"{name} {seconds / 60:.1f} min" for name, seconds in timings.items()))
     print(f"generate:    minitx generate --model {rel[kjv_dir]} --prompt 'And the LORD spake'")
     print(f"             minitx generate --model {rel[numbers_dir]} --prompt 'three hundred and twelve'")
+    print(f"explore:     minitx explore --model {rel[kjv_dir]} --run {rel[kjv_dir]} "
+          "--text 'And God said, Let there be light' --out explore.html")
     print(f"push:        minitx push --model_dir {rel[kjv_dir]} --repo_id USER/kjv-gpt "
           "(or --dry_run DIR to check the upload offline)")
     (runs / "demo_summary.json").write_text(json.dumps(

@@ -261,7 +261,7 @@ def compare(config: ExperimentConfig, field: str, values: list, output_dir: str 
     draw their curves in the same axes. Returns {"<field>=<value>": summary}; the picture goes to `out`
     (default output_dir/comparison.png).
     """
-    from .visualize import plot_training
+    from ..training.curves import plot_training
 
     if field not in ExperimentConfig.__dataclass_fields__ or field in ("output_dir", "seed", "overwrite"):
         raise ValueError(f"Cannot compare on {field!r}; pick an ExperimentConfig field such as norm_position.")

@@ -8,9 +8,8 @@ arrays, so the pictures can be checked, not only looked at. Attention weights co
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,17 +21,28 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from PIL import Image, PngImagePlugin  # noqa: E402  (installed with matplotlib)
 
-from ..folders import WRITTEN_BY, check_output_file, write_file  # noqa: E402
+from ..folders import check_output_file  # noqa: E402
 from ..inference import load_model_folder  # noqa: E402
 from ..models.attention_minitx import causal_mask, padding_mask, self_attention_mask  # noqa: E402
 from ..models.positions_minitx import rope_inverse_frequencies, sinusoidal_table  # noqa: E402
+from ..training.curves import (  # noqa: E402
+    DPI,
+    check_png_path,
+    plot_training,
+    read_metrics,
+    save_figure,
+    written_by_us,
+)
+from .model_reading import (  # noqa: E402
+    encode_text,
+    format_param_table,
+    parameter_component,
+    parameter_counts,
+    token_labels,
+)
 
-DPI = 100
-MAX_PNG_BYTES = 150_000
 ATTENTION_CMAP = "viridis"
-PARAM_COMPONENTS = ("embeddings", "attention", "feed-forward", "layer norms", "output head")
 
 PathLike = str | Path
 
@@ -58,49 +68,6 @@ def _as_model(model: Any, tokenizer: Any | None) -> tuple[Any, Any | None]:
 
 
 # --- attention -----------------------------------------------------------------------------------
-
-
-def _special_names(config: Any) -> dict[int, str]:
-    names = {}
-    for attribute, name in (("pad_token_id", "<pad>"), ("bos_token_id", "<bos>"), ("eos_token_id", "<eos>")):
-        value = getattr(config, attribute, None)
-        if value is not None:
-            names[value] = name
-    return names
-
-
-def _encode(text: str, tokenizer: Any | None, config: Any) -> list[int]:
-    """Token ids of `text`: through the tokenizer, or whitespace-separated integers without one."""
-    if not text or not text.strip():
-        raise ValueError("The text to inspect is empty; pass some words (or token ids for a model without tokenizer).")
-    if tokenizer is not None:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    else:
-        try:
-            ids = [int(word) for word in text.split()]
-        except ValueError as err:
-            raise ValueError(
-                f"This model has no tokenizer, so the text must be whitespace-separated token ids, got {text!r}."
-            ) from err
-    bad = [i for i in ids if not 0 <= i < config.vocab_size]
-    if bad:
-        raise ValueError(f"Token ids {bad} are outside the model's vocabulary [0, {config.vocab_size}).")
-    return ids
-
-
-def _token_labels(ids: Sequence[int], tokenizer: Any | None, config: Any) -> list[str]:
-    """Short readable labels for axis ticks: special tokens by name, leading spaces shown as '_'."""
-    special = _special_names(config)
-    labels = []
-    for i in ids:
-        if i in special:
-            labels.append(special[i])
-        elif tokenizer is not None:
-            piece = tokenizer.decode([i])
-            labels.append(piece.replace(" ", "_").replace("\n", "\\n") or "?")
-        else:
-            labels.append(str(i))
-    return [label if len(label) <= 12 else label[:11] + "…" for label in labels]
 
 
 def _stack(per_layer: Sequence[torch.Tensor] | None, kind: str) -> np.ndarray:
@@ -134,24 +101,24 @@ def attention_weights(
     if not config.is_encoder_decoder:
         if text is None or source is not None or target is not None:
             raise ValueError("A decoder-only model takes text=...; source/target are for encoder-decoder models.")
-        ids = _encode(text, tokenizer, config)
+        ids = encode_text(text, tokenizer, config)
         out = model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
-        tokens = _token_labels(ids, tokenizer, config)
+        tokens = token_labels(ids, tokenizer, config)
         return {"self": _stack(out.attentions, "self-attention"), "labels": {"self": (tokens, tokens)}}
 
     if source is None or target is None or text is not None:
         raise ValueError("An encoder-decoder model takes source=... and target=... (not text=...).")
     eos = config.eos_token_id
-    source_ids = _encode(source, tokenizer, config) + [eos]
-    labels = _encode(target, tokenizer, config) + [eos]
+    source_ids = encode_text(source, tokenizer, config) + [eos]
+    labels = encode_text(target, tokenizer, config) + [eos]
     decoder_ids = [config.decoder_start_token_id] + labels[:-1]
     out = model(
         input_ids=torch.tensor([source_ids]), decoder_input_ids=torch.tensor([decoder_ids]),
         output_attentions=True, use_cache=False,
     )
-    src = _token_labels(source_ids, tokenizer, config)
-    predicted = _token_labels(labels, tokenizer, config)
-    decoder_in = _token_labels(decoder_ids, tokenizer, config)
+    src = token_labels(source_ids, tokenizer, config)
+    predicted = token_labels(labels, tokenizer, config)
+    decoder_in = token_labels(decoder_ids, tokenizer, config)
     return {
         "encoder": _stack(out.encoder_attentions, "encoder self-attention"),
         "decoder": _stack(out.decoder_attentions, "decoder self-attention"),
@@ -193,7 +160,7 @@ def plot_attention(
     trained on raw token ids, whose text is then whitespace-separated ids). `kinds` picks the maps of a
     seq2seq model (default: encoder, decoder, cross). Returns `attention_weights(...)`'s dict.
     """
-    _check_out(out)
+    check_png_path(out)
     data = attention_weights(model, tokenizer, text=text, source=source, target=target)
     available = [k for k in ("self", "encoder", "decoder", "cross") if k in data]
     kinds = list(kinds) if kinds else available
@@ -226,7 +193,7 @@ def plot_attention(
     fig.tight_layout(rect=(0, 0, 0.93, 0.98))
     cax = fig.add_axes((0.945, 0.15, 0.012, 0.7))
     fig.colorbar(image, cax=cax, label="attention weight")
-    _save(fig, out)
+    save_figure(fig, out)
     return data
 
 
@@ -248,7 +215,7 @@ def plot_positions(
     Returns "table" (length, dim), "similarity" (length, length) = table · tableᵀ, "rope_inv_freq"
     (head_dim // 2,) in radians per position, "rope_wavelength" (head_dim // 2,) in positions.
     """
-    _check_out(out)
+    check_png_path(out)
     head_dim = dim if head_dim is None else head_dim
     if dim <= 0 or dim % 2 or head_dim <= 0 or head_dim % 2:
         raise ValueError(f"dim and head_dim must be positive even numbers, got dim={dim}, head_dim={head_dim}.")
@@ -295,7 +262,7 @@ def plot_positions(
     lines = ax.get_lines() + twin.get_lines()
     ax.legend(lines, [line.get_label() for line in lines], fontsize=8, loc="center right")
     fig.tight_layout()
-    _save(fig, out)
+    save_figure(fig, out)
     return {"table": table, "similarity": similarity, "rope_inv_freq": inv_freq, "rope_wavelength": wavelength}
 
 
@@ -309,7 +276,7 @@ def plot_masks(length: int = 10, out: PathLike = "masks.png", *, num_padding: in
     generation). Returns boolean (length, length) arrays "causal", "padding" and "combined" (what the
     layer applies: causal and not padding, plus each query's own position so no row is empty).
     """
-    _check_out(out)
+    check_png_path(out)
     if length < 2:
         raise ValueError(f"length must be at least 2, got {length}.")
     if not 0 <= num_padding < length:
@@ -338,47 +305,11 @@ def plot_masks(length: int = 10, out: PathLike = "masks.png", *, num_padding: in
     cax = fig.add_axes((0.9, 0.2, 0.012, 0.6))
     bar = fig.colorbar(image, cax=cax, ticks=[0.25, 0.75])
     bar.ax.set_yticklabels(["blocked", "may attend"])
-    _save(fig, out)
+    save_figure(fig, out)
     return {"causal": causal, "padding": padding, "combined": combined}
 
 
 # --- parameters ----------------------------------------------------------------------------------
-
-
-def parameter_component(name: str) -> str:
-    """The component a parameter belongs to, from its name (e.g. 'model.decoder.layers.0.mlp.fc1.weight')."""
-    if "embed" in name:
-        return "embeddings"
-    if "norm" in name:
-        return "layer norms"
-    if "attn." in name:
-        return "attention"
-    if ".mlp." in name:
-        return "feed-forward"
-    if name.startswith("lm_head"):
-        return "output head"
-    return "other"
-
-
-def parameter_counts(model: Any) -> dict[str, int]:
-    """Parameters per component; shared (tied) tensors count once, so the total is model.num_parameters().
-
-    A tied output head shows 0: it reuses the token embedding matrix.
-    """
-    counts = dict.fromkeys(PARAM_COMPONENTS, 0)
-    for name, param in model.named_parameters():  # yields each shared tensor once
-        component = parameter_component(name)
-        counts[component] = counts.get(component, 0) + param.numel()
-    return counts
-
-
-def format_param_table(counts: Mapping[str, int]) -> str:
-    """A plain-text table of component, parameters and share of the total."""
-    total = sum(counts.values()) or 1
-    lines = [f"{'component':<14}{'parameters':>14}{'share':>9}"]
-    lines += [f"{name:<14}{count:>14,}{100 * count / total:>8.1f}%" for name, count in counts.items()]
-    lines.append(f"{'total':<14}{sum(counts.values()):>14,}{100.0:>8.1f}%")
-    return "\n".join(lines)
 
 
 def plot_params(model: Any, out: PathLike = "params.png") -> dict[str, int]:
@@ -386,7 +317,7 @@ def plot_params(model: Any, out: PathLike = "params.png") -> dict[str, int]:
 
     `model` is a folder written by save_pretrained or a loaded model. Returns the counts.
     """
-    _check_out(out)
+    check_png_path(out)
     if isinstance(model, (str, Path)):
         model, _ = _load(model)
     counts = parameter_counts(model)
@@ -410,148 +341,8 @@ def plot_params(model: Any, out: PathLike = "params.png") -> dict[str, int]:
     note = "output head tied to the token embeddings (counted once)" if tied else "output head has its own weights"
     tax.set_title(note, fontsize=9)
     fig.tight_layout()
-    _save(fig, out)
+    save_figure(fig, out)
     return counts
-
-
-# --- training curves -----------------------------------------------------------------------------
-
-
-def read_metrics(run_dir: PathLike) -> dict[str, np.ndarray]:
-    """Read metrics.jsonl (a run folder or the file itself) into arrays.
-
-    Returns "train_step", "train_loss", "learning_rate", "tokens_per_second", "eval_step", "eval_loss",
-    and "eval_<metric>" arrays for every other numeric field of the eval records (NaN where missing).
-    """
-    path = Path(run_dir)
-    path = path / "metrics.jsonl" if path.is_dir() else path
-    if not path.is_file():
-        raise FileNotFoundError(f"No metrics file at {path}; pass a training output folder that holds metrics.jsonl.")
-    train, evals = [], []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number} is not valid JSON ({err.msg}); each line must be one JSON object.") from err
-        if record.get("type") == "train":
-            train.append(record)
-        elif record.get("type") == "eval":
-            evals.append(record)
-    if not train:
-        raise ValueError(f"{path} has no train records ({{'type': 'train', ...}}); did the run log any step?")
-
-    def column(records: list[dict], key: str) -> np.ndarray:
-        return np.array([float(r[key]) if r.get(key) is not None else np.nan for r in records], dtype=float)
-
-    data = {
-        "train_step": column(train, "step"),
-        "train_loss": column(train, "loss"),
-        "learning_rate": column(train, "learning_rate"),
-        "tokens_per_second": column(train, "tokens_per_second"),
-        "eval_step": column(evals, "step"),
-        "eval_loss": column(evals, "eval_loss"),
-    }
-    extra = sorted({k for r in evals for k, v in r.items() if k.startswith("eval_") and isinstance(v, (int, float))})
-    for key in extra:
-        data.setdefault(key, column(evals, key))
-    return data
-
-
-def plot_training(
-    run_dir: PathLike | Sequence[PathLike] | Mapping[str, PathLike],
-    out: PathLike = "training.png",
-    *,
-    title: str | None = None,
-) -> dict[str, dict[str, np.ndarray]]:
-    """Loss (train and validation), learning rate, throughput and the task metric of one or more runs.
-
-    `run_dir` is a run folder (or metrics.jsonl), a list of them, or a {label: folder} mapping to draw runs
-    side by side in the same axes. Returns {label: read_metrics(folder)}.
-    """
-    _check_out(out)
-    if isinstance(run_dir, Mapping):
-        runs = dict(run_dir)
-    elif isinstance(run_dir, (str, Path)):
-        runs = {Path(run_dir).name or str(run_dir): run_dir}
-    else:
-        runs = {Path(r).name: r for r in run_dir}
-    if not runs:
-        raise ValueError("plot_training needs at least one run folder.")
-    data = {label: read_metrics(folder) for label, folder in runs.items()}
-    metric = next((m for m in ("eval_exact_match", "eval_bleu", "eval_perplexity", "eval_bits_per_byte")
-                   if any(m in d and np.isfinite(d[m]).any() for d in data.values())), None)
-
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    (loss_ax, lr_ax), (speed_ax, metric_ax) = axes
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (label, d) in enumerate(data.items()):
-        color = colors[i % len(colors)]
-        loss_ax.plot(d["train_step"], d["train_loss"], color=color, alpha=0.8, label=f"{label} train")
-        if d["eval_step"].size:
-            loss_ax.plot(d["eval_step"], d["eval_loss"], color=color, linestyle="--", marker="o", markersize=3,
-                         label=f"{label} validation")
-        lr_ax.plot(d["train_step"], d["learning_rate"], color=color, label=label)
-        speed_ax.plot(d["train_step"], d["tokens_per_second"], color=color, label=label)
-        if metric and metric in d:
-            metric_ax.plot(d["eval_step"], d[metric], color=color, marker="o", markersize=3, label=label)
-    loss_ax.set(title="Loss (solid: train, dashed: validation)", xlabel="step", ylabel="cross-entropy")
-    if all(np.nanmin(d["train_loss"]) > 0 for d in data.values()):
-        loss_ax.set_yscale("log")
-    lr_ax.set(title="Learning rate schedule", xlabel="step", ylabel="learning rate")
-    speed_ax.set(title="Throughput", xlabel="step", ylabel="tokens / second")
-    if metric:
-        metric_ax.set(title=f"Validation {metric.removeprefix('eval_').replace('_', ' ')}", xlabel="step",
-                      ylabel=metric.removeprefix("eval_"))
-    else:
-        metric_ax.set_title("No task metric in the eval records")
-        metric_ax.axis("off")
-    for ax in (loss_ax, lr_ax, speed_ax, metric_ax):
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.suptitle(title or "Training curves: " + ", ".join(data), fontsize=12)
-    fig.tight_layout()
-    _save(fig, out)
-    return data
-
-
-# --- output --------------------------------------------------------------------------------------
-
-
-def _check_out(out: PathLike) -> None:
-    """Reject an output path that is not a PNG file before any work starts."""
-    if Path(out).suffix.lower() != ".png":
-        raise ValueError(f"Output must be a .png file, got {out}; e.g. out='attention.png'.")
-
-
-def _save(fig: Any, out: PathLike) -> Path:
-    """Write the PNG atomically (a temporary sibling renamed into place), tagged as ours (PNG "Software")."""
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_file(path, lambda tmp: _write_png(fig, tmp))
-    plt.close(fig)
-    return path
-
-
-def _write_png(fig: Any, path: Path) -> None:
-    fig.savefig(path, dpi=DPI, format="png", metadata={"Software": WRITTEN_BY})
-    if path.stat().st_size > MAX_PNG_BYTES:  # busy pictures: a 256-colour palette keeps them commit-friendly
-        with Image.open(path) as image:
-            small = image.convert("RGB").quantize(colors=256)
-        info = PngImagePlugin.PngInfo()
-        info.add_text("Software", WRITTEN_BY)
-        small.save(path, format="png", optimize=True, pnginfo=info)
-
-
-def written_by_us(path: Path) -> bool:
-    """Whether the PNG at ``path`` carries our tag (so `minitx visualize` may replace it without --overwrite)."""
-    try:
-        with Image.open(path) as image:
-            return image.info.get("Software") == WRITTEN_BY
-    except OSError:
-        return False
 
 
 # --- the `minitx visualize` command ---------------------------------------------------------------
@@ -661,6 +452,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
 
 
 __all__ = [
+    "DPI",
     "attention_weights",
     "plot_attention",
     "plot_positions",

@@ -570,7 +570,7 @@ def draw_loss_curve(output_dir: Path, out: Path) -> Path | None:
     """The loss curve of output_dir/metrics.jsonl into ``out`` (skipped with a warning when it cannot be drawn:
     no matplotlib, or no train record yet)."""
     try:
-        from ..tools.visualize import plot_training
+        from .curves import plot_training
 
         plot_training(output_dir, out, title=f"Training curves: {output_dir.name}")
     except (ImportError, ValueError) as err:

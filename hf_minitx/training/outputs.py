@@ -1,6 +1,7 @@
-"""What a training run writes: metrics.jsonl records, and the final Hub-ready model folder
-(weights, config, generation config, tokenizer, summary). Nothing here draws or renders: the loss curve
-and the model card are made from these files by the training loop's last step."""
+"""What a training run writes: metrics.jsonl records (written by `append_metrics`, read back by
+`read_metrics`), and the final Hub-ready model folder (weights, config, generation config, tokenizer,
+summary). Nothing here draws or renders: the loss curve (`hf_minitx.training.curves`) and the model card are
+made from these files by the training loop's last step."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..folders import write_file
@@ -29,6 +31,48 @@ def append_metrics(output_dir: str | Path, record: dict[str, Any]) -> None:
     """Append one JSON record (one line) to output_dir/metrics.jsonl."""
     with open(Path(output_dir) / METRICS_FILE, "a") as handle:
         handle.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+
+
+def read_metrics(run_dir: str | Path) -> dict[str, np.ndarray]:
+    """Read metrics.jsonl (a run folder or the file itself) into arrays.
+
+    Returns "train_step", "train_loss", "learning_rate", "tokens_per_second", "eval_step", "eval_loss",
+    and "eval_<metric>" arrays for every other numeric field of the eval records (NaN where missing).
+    """
+    path = Path(run_dir)
+    path = path / METRICS_FILE if path.is_dir() else path
+    if not path.is_file():
+        raise FileNotFoundError(f"No metrics file at {path}; pass a training output folder that holds metrics.jsonl.")
+    train, evals = [], []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number} is not valid JSON ({err.msg}); each line must be one JSON object.") from err
+        if record.get("type") == "train":
+            train.append(record)
+        elif record.get("type") == "eval":
+            evals.append(record)
+    if not train:
+        raise ValueError(f"{path} has no train records ({{'type': 'train', ...}}); did the run log any step?")
+
+    def column(records: list[dict], key: str) -> np.ndarray:
+        return np.array([float(r[key]) if r.get(key) is not None else np.nan for r in records], dtype=float)
+
+    data = {
+        "train_step": column(train, "step"),
+        "train_loss": column(train, "loss"),
+        "learning_rate": column(train, "learning_rate"),
+        "tokens_per_second": column(train, "tokens_per_second"),
+        "eval_step": column(evals, "step"),
+        "eval_loss": column(evals, "eval_loss"),
+    }
+    extra = sorted({k for r in evals for k, v in r.items() if k.startswith("eval_") and isinstance(v, (int, float))})
+    for key in extra:
+        data.setdefault(key, column(evals, key))
+    return data
 
 
 def truncate_metrics(output_dir: str | Path, step: int) -> None:

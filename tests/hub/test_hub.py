@@ -284,6 +284,28 @@ def test_stage_copies_exactly_the_shareable_files(causal_copy, tmp_path):
         stage_for_upload(causal_copy, staging)
 
 
+def test_push_shares_an_explorer_page_on_request_and_the_card_links_it(causal_copy, tmp_path, capsys):
+    from hf_minitx.cli import main as minitx
+
+    page = tmp_path / "page.html"
+    assert minitx(["explore", "--model", str(causal_copy), "--text", "the quick fox", "--out", str(page)]) == 0
+    staging = stage_for_upload(causal_copy, tmp_path / "with", explorer=page)
+    assert (staging / "explore.html").read_bytes() == page.read_bytes()
+    assert "[explore.html](explore.html)" in (staging / "README.md").read_text()
+    plain = stage_for_upload(causal_copy, tmp_path / "without")
+    assert not (plain / "explore.html").exists() and "explore.html" not in (plain / "README.md").read_text()
+
+    other = tmp_path / "other.html"
+    other.write_text("<html><body>someone else's page</body></html>")
+    capsys.readouterr()
+    assert minitx(["push", "--model_dir", str(causal_copy), "--dry_run", str(tmp_path / "refused"),
+                   "--explorer", str(other)]) == 2
+    assert "not a page written by minitx explore" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
+    with pytest.raises(FileNotFoundError, match="make it first: minitx explore"):
+        stage_for_upload(causal_copy, tmp_path / "missing", explorer=tmp_path / "nope.html")
+
+
 @pytest.mark.parametrize("repo_id", ["kjv-gpt", "a/b/c", "/kjv", "alice/", "alice/kjv gpt", "alice/kjv--gpt"])
 def test_bad_repo_ids_are_refused(repo_id):
     with pytest.raises(ValueError, match="repo_id"):

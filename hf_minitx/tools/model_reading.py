@@ -1,0 +1,91 @@
+"""What a saved model reads and holds, without drawing anything: a text as token ids and readable labels,
+and the parameters per component. `minitx visualize` (PNG pictures) and `minitx explore` (an HTML page)
+both read models through these functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+PARAM_COMPONENTS = ("embeddings", "attention", "feed-forward", "layer norms", "output head")
+
+
+def special_names(config: Any) -> dict[int, str]:
+    """Names of the special token ids a config declares: {id: "<pad>" / "<bos>" / "<eos>"}."""
+    names = {}
+    for attribute, name in (("pad_token_id", "<pad>"), ("bos_token_id", "<bos>"), ("eos_token_id", "<eos>")):
+        value = getattr(config, attribute, None)
+        if value is not None:
+            names[value] = name
+    return names
+
+
+def encode_text(text: str, tokenizer: Any | None, config: Any) -> list[int]:
+    """Token ids of `text`: through the tokenizer, or whitespace-separated integers without one."""
+    if not text or not text.strip():
+        raise ValueError("The text to inspect is empty; pass some words (or token ids for a model without tokenizer).")
+    if tokenizer is not None:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        try:
+            ids = [int(word) for word in text.split()]
+        except ValueError as err:
+            raise ValueError(
+                f"This model has no tokenizer, so the text must be whitespace-separated token ids, got {text!r}."
+            ) from err
+    bad = [i for i in ids if not 0 <= i < config.vocab_size]
+    if bad:
+        raise ValueError(f"Token ids {bad} are outside the model's vocabulary [0, {config.vocab_size}).")
+    return ids
+
+
+def token_labels(ids: Sequence[int], tokenizer: Any | None, config: Any) -> list[str]:
+    """Short readable labels for axis ticks: special tokens by name, leading spaces shown as '_'."""
+    special = special_names(config)
+    labels = []
+    for i in ids:
+        if i in special:
+            labels.append(special[i])
+        elif tokenizer is not None:
+            piece = tokenizer.decode([i])
+            labels.append(piece.replace(" ", "_").replace("\n", "\\n") or "?")
+        else:
+            labels.append(str(i))
+    return [label if len(label) <= 12 else label[:11] + "…" for label in labels]
+
+
+def parameter_component(name: str) -> str:
+    """The component a parameter belongs to, from its name (e.g. 'model.decoder.layers.0.mlp.fc1.weight')."""
+    if "embed" in name:
+        return "embeddings"
+    if "norm" in name:
+        return "layer norms"
+    if "attn." in name:
+        return "attention"
+    if ".mlp." in name:
+        return "feed-forward"
+    if name.startswith("lm_head"):
+        return "output head"
+    return "other"
+
+
+def parameter_counts(model: Any) -> dict[str, int]:
+    """Parameters per component; shared (tied) tensors count once, so the total is model.num_parameters().
+
+    A tied output head shows 0: it reuses the token embedding matrix.
+    """
+    counts = dict.fromkeys(PARAM_COMPONENTS, 0)
+    for name, param in model.named_parameters():  # yields each shared tensor once
+        component = parameter_component(name)
+        counts[component] = counts.get(component, 0) + param.numel()
+    return counts
+
+
+def format_param_table(counts: Mapping[str, int]) -> str:
+    """A plain-text table of component, parameters and share of the total."""
+    total = sum(counts.values()) or 1
+    lines = [f"{'component':<14}{'parameters':>14}{'share':>9}"]
+    lines += [f"{name:<14}{count:>14,}{100 * count / total:>8.1f}%" for name, count in counts.items()]
+    lines.append(f"{'total':<14}{sum(counts.values()):>14,}{100.0:>8.1f}%")
+    return "\n".join(lines)

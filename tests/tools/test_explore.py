@@ -1,0 +1,200 @@
+"""`minitx explore`: the page's data is the model's own (attention, top-k, logit lens, each checkpoint's),
+the page is self-contained and small, and bad input ends in one line, exit 2 and no file."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_causal, tiny_config, tiny_seq2seq
+from safetensors.torch import load_file
+
+from hf_minitx.cli import main as minitx
+from hf_minitx.folders import html_written_by_us
+from hf_minitx.tools import explore
+
+TEXT = "5 9 7 4 12 6 15 8 3 11"
+
+
+def _checkpoint(run: Path, step: int, model, *, safetensors: bool = False) -> Path:
+    """A checkpoint-STEP folder as training writes it: the model's tensors and a run state."""
+    folder = run / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    if safetensors:
+        from safetensors.torch import save_model
+
+        save_model(model, str(folder / "model.safetensors"))
+    else:
+        torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    (folder / "run_state.json").write_text(json.dumps({"step": step}))
+    return folder
+
+
+@pytest.fixture
+def causal_run(tmp_path):
+    """A saved tiny model (the final one, step 30) and a run folder with two earlier checkpoints and metrics."""
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.manual_seed(1)
+    for step in (10, 20):
+        earlier = tiny_causal()
+        with torch.no_grad():
+            for param in earlier.parameters():
+                param.add_(torch.randn_like(param) * 0.3 * step / 10)
+        _checkpoint(run, step, earlier, safetensors=step == 20)
+    final = tiny_causal()
+    final.save_pretrained(run)
+    (run / "training_summary.json").write_text(json.dumps({"steps": 30}))
+    _checkpoint(run, 30, final)  # the last checkpoint of a finished run: the final weights, shown once
+    lines = [{"type": "train", "step": s, "loss": 4.0 - s / 10} for s in range(1, 31)]
+    lines.append({"type": "eval", "step": 30, "eval_loss": 1.5})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return run
+
+
+def unpack(packed: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(packed["data"]), dtype=np.uint8).reshape(packed["shape"]) / 255
+
+
+def checkpoint_model(path: Path):
+    model = tiny_causal()
+    state = (torch.load(path / "pytorch_model.bin") if (path / "pytorch_model.bin").is_file()
+             else load_file(str(path / "model.safetensors")))
+    model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    return model.eval()
+
+
+@torch.no_grad()
+def test_each_snapshot_holds_that_checkpoints_attention_top_k_and_lens(causal_run):
+    data = explore.explore_data(causal_run, TEXT, run=str(causal_run), top_k=4)
+    assert [s["label"] for s in data["snapshots"]] == ["step 10", "step 20", "final (step 30)"]
+    ids = torch.tensor([[int(w) for w in TEXT.split()]])
+    models = [checkpoint_model(causal_run / "checkpoint-10"), checkpoint_model(causal_run / "checkpoint-20"),
+              tiny_causal()]
+    for snapshot, model in zip(data["snapshots"], models, strict=True):
+        model.set_attn_implementation("eager")
+        out = model(ids, output_attentions=True, output_hidden_states=True)
+        expected = torch.stack([a[0] for a in out.attentions]).numpy()  # (layers, heads, q, k)
+        assert np.abs(unpack(snapshot["attention"]["self"]) - expected).max() <= 0.5 / 255 + 1e-6
+        probs, top = torch.softmax(out.logits[0], -1).topk(4)
+        assert [[i for i, _ in position] for position in snapshot["top"]] == top.tolist()
+        assert np.allclose([[p for _, p in position] for position in snapshot["top"]], probs.numpy(), atol=5e-4)
+        # the lens: embeddings + one row per layer; its last row reads the model's own output
+        assert len(snapshot["lens"]) == model.config.num_hidden_layers + 1
+        assert [position[0][0] for position in snapshot["lens"][-1]] == top[:, 0].tolist()
+        middle = model.lm_head(model.model.decoder.norm(out.hidden_states[1]))[0].argmax(-1)
+        assert [position[0][0] for position in snapshot["lens"][1]] == middle.tolist()
+    first, last = data["snapshots"][0], data["snapshots"][-1]
+    assert first["top"] != last["top"] and first["attention"] != last["attention"]
+    assert data["loss"]["train"][0] == [1, 3.9] and data["loss"]["eval"] == [[30, 1.5]]
+    assert data["vocab"]["12"] == "12" and data["tokens"] == ids[0].tolist()
+
+
+def test_model_info_counts_parameters_and_draws_positions(causal_run):
+    info = explore.explore_data(causal_run, TEXT)["model"]
+    assert sum(info["parameters"].values()) == info["total_parameters"] == tiny_causal().num_parameters()
+    positions = info["positions"]
+    assert len(positions["values"]) == len(positions["labels"]) == explore.CURVE_DIMS
+    table = tiny_causal().model.decoder.embed_positions.weight.detach()
+    assert positions["values"][0][:5] == pytest.approx(table[:5, 0].tolist(), abs=6e-4)
+    assert info["config"]["num_hidden_layers"] == 2
+
+
+def test_seq2seq_has_encoder_decoder_and_cross_attention(tmp_path):
+    tiny_seq2seq().save_pretrained(tmp_path / "s2s")
+    data = explore.explore_data(tmp_path / "s2s", "5 6 7", target="8 9")
+    attention = data["snapshots"][0]["attention"]
+    assert set(attention) == {"encoder", "decoder", "cross"}
+    assert attention["cross"]["shape"][2:] == [3, 4]  # decoder start + 2 targets, over 3 sources + eos
+    assert attention["encoder"]["shape"][2:] == [4, 4]
+    assert np.allclose(unpack(attention["cross"]).sum(-1), 1, atol=0.02)  # each query's weights sum to 1
+    assert data["tokens"][0] == tiny_config().decoder_start_token_id and len(data["snapshots"][0]["top"]) == 3
+
+
+def test_page_is_self_contained_and_carries_the_data(causal_run, tmp_path):
+    out = explore.write_explorer(causal_run, TEXT, tmp_path / "page.html", run=str(causal_run))
+    page = out.read_text()
+    assert html_written_by_us(out)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page), "the page must load nothing"
+    assert "@import" not in page and "fetch(" not in page
+    payload = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', page, re.S).group(1)
+    assert json.loads(payload.replace("<\\/", "</"))["text"] == TEXT
+
+
+def test_a_text_that_would_close_the_script_tag_stays_data(tmp_path):
+    page = explore.render_page({"text": "</script><b>", "model": {"name": "m"}})
+    assert "</script><b>" not in page.split('id="explorer-data">')[1].split("</script>")[0]
+    assert page.count("</script>") == 2  # the data block's and the program's
+
+
+def test_six_layers_64_tokens_and_twelve_checkpoints_stay_under_5_mb(tmp_path):
+    config = dict(num_hidden_layers=6, num_attention_heads=8, hidden_size=64, intermediate_size=128, vocab_size=512)
+    run = tmp_path / "big"
+    run.mkdir()
+    for step in range(1, 13):
+        _checkpoint(run, step, tiny_causal(**config))
+    tiny_causal(**config).save_pretrained(run)
+    text = " ".join(str(3 + i % 500) for i in range(64))
+    out = explore.write_explorer(run, text, tmp_path / "big.html", run=str(run))
+    assert len(json.loads(re.search(r'id="explorer-data">(.*?)</script>', out.read_text(), re.S).group(1))
+               ["snapshots"]) == 13
+    assert out.stat().st_size < 5_000_000, out.stat().st_size
+
+
+def test_max_checkpoints_spreads_from_first_to_last():
+    assert explore.spread(list(range(10)), 4) == [0, 3, 6, 9]
+    assert explore.spread([1, 2], 5) == [1, 2]
+
+
+@pytest.mark.parametrize("case", ["not-a-model", "run-without-checkpoints", "text-too-long", "seq2seq-no-target",
+                                  "target-for-decoder-only", "not-html", "another-models-run", "damaged-checkpoint"])
+def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, capsys):
+    out = tmp_path / "out" / "page.html"
+    argv = ["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]
+    if case == "not-a-model":
+        (tmp_path / "empty").mkdir()
+        argv[2], expected = str(tmp_path / "empty"), "is not a model folder"
+    elif case == "run-without-checkpoints":
+        (tmp_path / "no-checkpoints").mkdir()
+        argv += ["--run", str(tmp_path / "no-checkpoints")]
+        expected = "holds no checkpoint-STEP folder"
+    elif case == "text-too-long":
+        argv[4], expected = " ".join(["5"] * 65), "takes 65 tokens but the model has 64 positions"
+    elif case == "seq2seq-no-target":
+        tiny_seq2seq().save_pretrained(tmp_path / "s2s")
+        argv[2], expected = str(tmp_path / "s2s"), "give the output text with --target"
+    elif case == "another-models-run":
+        _checkpoint(tmp_path / "other", 5, tiny_causal(hidden_size=48))
+        argv += ["--run", str(tmp_path / "other")]
+        expected = "does not match the model in --model"
+    elif case == "damaged-checkpoint":
+        (causal_run / "checkpoint-20" / "model.safetensors").write_bytes(b"\0" * 100)
+        argv += ["--run", str(causal_run)]
+        expected = "checkpoint-20/model.safetensors is corrupted"
+    elif case == "target-for-decoder-only":
+        argv += ["--target", "5 6"]
+        expected = "--target is for encoder-decoder models"
+    else:
+        out = tmp_path / "out" / "page.png"
+        argv[6], expected = str(out), "--out must name an .html file"
+    capsys.readouterr()  # what setting up printed
+    assert minitx(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and expected in err, err
+    assert not out.parent.exists()
+
+
+def test_a_file_minitx_did_not_write_is_kept(causal_run, tmp_path, capsys):
+    out = tmp_path / "page.html"
+    out.write_text("my notes")
+    assert minitx(["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]) == 2
+    assert out.read_text() == "my notes" and "--overwrite" in capsys.readouterr().err
+    assert minitx(["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out), "--overwrite"]) == 0
+    assert html_written_by_us(out)
+    assert minitx(["explore", "--model", str(causal_run), "--text", "5 6", "--out", str(out)]) == 0  # ours: replaced

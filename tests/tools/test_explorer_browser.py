@@ -1,0 +1,182 @@
+"""The explorer page in a real browser: Debian's headless Chromium, driven by Selenium through the system's
+chromedriver (nothing is downloaded). A click on a token changes the highlighted attention to that token's
+row, the checkpoint slider redraws attention and top-k with that checkpoint's numbers, and the console stays
+free of errors. A screenshot is saved (README's "See inside" shows one).
+
+By default the page is made from a tiny run trained here with checkpoints. MINITX_EXPLORE_RUN (a finished
+training folder with checkpoints, e.g. the demo's runs/kjv-gpt), MINITX_EXPLORE_TEXT and
+MINITX_EXPLORE_SCREENSHOT (where to save the picture) run the same checks on another model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()),
+                       reason="Debian's chromium and chromium-driver are not installed (apt-get install chromium "
+                              "chromium-driver; .ci/run installs them)"),
+]
+WORDS = "the quick brown fox jumps over a lazy dog while seven small birds sing near the quiet town".split()
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory) -> Path:
+    """explore.html of a run with checkpoints: MINITX_EXPLORE_RUN, or a tiny run trained here (seconds)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from hf_minitx.cli import main as minitx
+
+    root = tmp_path_factory.mktemp("explore")
+    run = os.environ.get("MINITX_EXPLORE_RUN")
+    text = os.environ.get("MINITX_EXPLORE_TEXT", "the quick brown fox jumps over a lazy dog")
+    if not run:
+        rng = torch.Generator().manual_seed(0)
+        starts = torch.randint(0, len(WORDS), (150,), generator=rng).tolist()
+        corpus = root / "corpus.txt"
+        corpus.write_text("\n\n".join(" ".join(WORDS[(s + i) % len(WORDS)] for i in range(20)) + "." for s in starts))
+        run = root / "run"
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        assert minitx([
+            "train", "--task", "causal-lm", "--dataset", str(corpus), "--preset", "tiny",
+            "--config_overrides", "hidden_size=32,intermediate_size=64,max_position_embeddings=64",
+            "--tokenizer_vocab_size", "300", "--block_size", "32", "--per_device_train_batch_size", "8",
+            "--learning_rate", "1e-2", "--warmup_steps", "2", "--max_steps", "24", "--checkpointing_steps", "6",
+            "--save_total_limit", "4", "--logging_steps", "1", "--eval_steps", "12", "--max_eval_samples", "8",
+            "--num_sample_generations", "0", "--disable_tqdm", "--num_threads", "1", "--output_dir", str(run),
+        ]) == 0
+    out = root / "explore.html"
+    assert minitx(["explore", "--model", str(run), "--run", str(run), "--text", text, "--out", str(out)]) == 0
+    return out
+
+
+def page_data(path: Path) -> dict:
+    payload = re.search(r'id="explorer-data">(.*?)</script>', path.read_text(), re.S).group(1)
+    return json.loads(payload.replace("<\\/", "</"))
+
+
+def attention_row(data: dict, snapshot: int, query: int) -> list[float]:
+    """What the page highlights by default: the last layer's mean over heads, one query's row."""
+    import base64
+
+    packed = data["snapshots"][snapshot]["attention"]["self"]
+    maps = np.frombuffer(base64.b64decode(packed["data"]), dtype=np.uint8).reshape(packed["shape"]) / 255
+    return maps[-1, :, query].mean(0).tolist()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must not try to download anything
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                     "--window-size=1400,1500"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    yield driver
+    driver.quit()
+
+
+def test_click_and_slider_redraw_what_that_token_and_checkpoint_show(page, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    data = page_data(page)
+    last = len(data["snapshots"]) - 1
+    assert last >= 2, "the run should give several checkpoints"
+    browser.get(page.as_uri())
+    weights = lambda: [float(e.get_attribute("data-weight")) for e in browser.find_elements(By.CSS_SELECTOR, "#focus .tok")]  # noqa: E731
+    picture = lambda: browser.execute_script(  # noqa: E731
+        "return [...document.querySelectorAll('#grid canvas')].map(c => c.toDataURL()).join()")
+    top = lambda: [int(e.get_attribute("data-id")) for e in browser.find_elements(By.CSS_SELECTOR, "#topk li")]  # noqa: E731
+
+    assert weights() == pytest.approx(attention_row(data, last, 0), abs=1.5e-3)
+    before = picture()
+    query = min(5, len(data["tokens"]) - 1)
+    browser.find_element(By.CSS_SELECTOR, f'#tokens .tok[data-pos="{query}"]').click()
+    assert weights() == pytest.approx(attention_row(data, last, query), abs=1.5e-3)
+    assert weights() != pytest.approx(attention_row(data, last, 0), abs=1.5e-3)
+    assert picture() != before  # the highlighted query row moved in every map
+    assert top() == [i for i, _ in data["snapshots"][last]["top"][query]]
+
+    final_picture, final_top = picture(), top()
+    slider = browser.find_element(By.ID, "step")
+    slider.send_keys(Keys.HOME)  # the first checkpoint
+    assert slider.get_attribute("value") == "0"
+    assert browser.find_element(By.ID, "step-label").text == data["snapshots"][0]["label"]
+    assert top() == [i for i, _ in data["snapshots"][0]["top"][query]]
+    assert top() != final_top  # the first checkpoint predicts other tokens than the final model
+    assert weights() == pytest.approx(attention_row(data, 0, query), abs=1.5e-3)
+    assert picture() != final_picture
+    marker = browser.find_element(By.ID, "current-step")
+    first_x = marker.get_attribute("x1")
+    slider.send_keys(Keys.ARROW_RIGHT)
+    assert browser.find_element(By.ID, "step-label").text == data["snapshots"][1]["label"]
+    assert browser.find_element(By.ID, "current-step").get_attribute("x1") != first_x
+
+    slider.send_keys(Keys.END)
+    shot = Path(os.environ.get("MINITX_EXPLORE_SCREENSHOT") or tmp_path / "explorer.png")
+    browser.set_window_size(1400, browser.execute_script("return document.body.scrollHeight") + 40)
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+    assert not errors, errors
+
+
+def test_a_script_error_would_be_caught(browser, tmp_path):
+    """The console check above can fail: a page that throws shows up in the browser log."""
+    broken = tmp_path / "broken.html"
+    broken.write_text("<!DOCTYPE html><html><body><script>undefinedFunction();</script></body></html>")
+    browser.get(broken.as_uri())
+    assert any(entry["level"] == "SEVERE" for entry in browser.get_log("browser"))
+
+
+def test_the_page_works_offline_from_a_copy(page, browser, tmp_path):
+    """One file: copied anywhere, it opens and draws the same (nothing else is read)."""
+    from selenium.webdriver.common.by import By
+
+    copy = tmp_path / "elsewhere" / "page.html"
+    copy.parent.mkdir()
+    shutil.copy(page, copy)
+    browser.get(copy.as_uri())
+    maps = browser.find_elements(By.CSS_SELECTOR, "#grid canvas")
+    layers, heads = page_data(page)["snapshots"][0]["attention"]["self"]["shape"][:2]
+    assert len(maps) == layers * (heads + 1)
+    assert not [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def test_seq2seq_page_shows_encoder_decoder_and_cross_attention(browser, tmp_path):
+    from conftest import tiny_seq2seq
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from hf_minitx.tools.explore import write_explorer
+
+    tiny_seq2seq().save_pretrained(tmp_path / "s2s")
+    page = write_explorer(tmp_path / "s2s", "5 6 7 8 9", tmp_path / "s2s.html", target="5 6 7")
+    browser.get(page.as_uri())
+    kind = Select(browser.find_element(By.ID, "kind"))
+    assert [o.get_attribute("value") for o in kind.options] == ["encoder", "decoder", "cross"]
+    focus = lambda: browser.find_elements(By.CSS_SELECTOR, "#focus .tok")  # noqa: E731
+    assert len(focus()) == 6  # encoder queries look at the 5 sources + EOS
+    kind.select_by_value("decoder")
+    assert len(focus()) == 4  # the decoder start + 3 targets
+    kind.select_by_value("cross")
+    assert len(focus()) == 6 and browser.find_element(By.CSS_SELECTOR, "#grid canvas").get_attribute("width") == str(6 * 25)
+    browser.find_element(By.CSS_SELECTOR, '#tokens .tok[data-side="src"][data-pos="2"]').click()
+    assert kind.first_selected_option.get_attribute("value") == "encoder"  # a source token asks the encoder
+    assert not [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
