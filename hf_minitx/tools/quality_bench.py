@@ -13,7 +13,10 @@ size, for both sides):
 Both train for the same wall time at the same time, each in its own process on ``threads`` threads, so the
 machine's load hits both alike, through the package's one training loop (``training.loop.fit``). Each is then
 scored on the whole validation text in bits per byte: total nats / ln 2 / UTF-8 bytes of the validation text.
-Our schedule needs its length in steps: a short timed probe of the same model and batch (discarded) sets it.
+Our schedule is defined in steps; here it is laid over the wall-time budget (``WallClockSchedule``): a short timed
+probe of the same model and batch (discarded) gives the step rate, so warmup lasts about as many steps as asked,
+and the schedule's position follows the clock, so the decay ends when the time does even if the machine's load
+changes the pace.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import math
 import multiprocessing
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -165,10 +169,29 @@ def our_side(settings: QualitySettings, data: CorpusData, probe: bool = False):
         return model, optimizer, None, batch, train_args.max_grad_norm or None, {}
     steps = max(1, int(settings.seconds * probe_rate(settings, data)))
     scheduler = build_scheduler(optimizer, train_args, steps)
+    scheduler.lr_lambdas = [WallClockSchedule(fn, steps, settings.seconds) for fn in scheduler.lr_lambdas]
     recipe = {"optimizer": train_args.optimizer, "schedule": describe_schedule(train_args, steps),
               "per_device_train_batch_size": batch, "block_size": data.block_size,
               "model": {k: v for k, v in model_settings.items() if k != "is_encoder_decoder"}}
     return model, optimizer, scheduler, batch, train_args.max_grad_norm or None, recipe
+
+
+class WallClockSchedule:
+    """A step schedule ``factor(step)`` over ``steps`` steps, followed by the clock instead: at step k >= 1 it gives
+    factor(steps x elapsed / seconds), the clock started at the first step (capped at the last step)."""
+
+    def __init__(self, factor: Callable[[int], float], steps: int, seconds: float,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.factor, self.steps, self.seconds, self.clock = factor, steps, seconds, clock
+        self.start: float | None = None
+
+    def __call__(self, step: int) -> float:
+        if step == 0:
+            return self.factor(0)
+        if self.start is None:
+            self.start = self.clock()
+        position = 1 + int(self.steps * (self.clock() - self.start) / self.seconds)
+        return self.factor(min(self.steps, position))
 
 
 def probe_rate(settings: QualitySettings, data: CorpusData) -> float:

@@ -17,6 +17,7 @@ from hf_minitx.tools.quality_bench import (
     NANOGPT,
     BitsPerByte,
     QualitySettings,
+    WallClockSchedule,
     corpus_data,
     format_quality,
     nanogpt_lr_factor,
@@ -101,6 +102,7 @@ def test_our_side_is_minitx_train_defaults_at_the_shared_shape(tiny_corpus, monk
     defaults = TrainArguments()
     assert (batch, recipe["optimizer"]) == (defaults.per_device_train_batch_size, defaults.optimizer)
     assert recipe["schedule"]["total_steps"] == 20 and recipe["block_size"] == 16
+    assert all(isinstance(fn, WallClockSchedule) and fn.steps == 20 for fn in scheduler.lr_lambdas)
     assert (model.config.hidden_size, model.config.num_hidden_layers, model.config.num_attention_heads) == (32, 2, 4)
     model_settings, _, train_args = our_recipe(QualitySettings(ours_args="--optimizer adamw --learning_rate 0.004"))
     assert (train_args.optimizer, train_args.learning_rate) == ("adamw", 0.004)
@@ -120,3 +122,14 @@ def test_quality_table_gives_the_ratio_per_corpus():
     table = format_quality({"settings": {"seconds": 60}, "corpora": {
         "builtin:kjv": {"reference": side, "ours": {"bits_per_byte": 1.2, "steps": 300}, "ratio": 0.8}}})
     assert "| builtin:kjv | 1.500 (100) | 1.200 (300) | 0.800x |" in table
+
+
+def test_our_schedule_follows_the_clock_so_the_decay_ends_with_the_budget():
+    now = [100.0]
+    schedule = WallClockSchedule(lambda step: step, steps=200, seconds=10.0, clock=lambda: now[0])
+    assert schedule(0) == 0  # set at construction, before training
+    assert schedule(1) == 1  # the clock starts at the first step
+    now[0] += 5.0
+    assert schedule(7) == 101  # half the budget: half the schedule, whatever the step count
+    now[0] += 20.0
+    assert schedule(300) == 200  # past the budget: the last step's factor
