@@ -470,7 +470,7 @@ def test_card_records_the_training_recipe(causal_copy):
     assert "| Optimizer | `muon` |" in text
     assert (f"| Group `muon` | Muon, peak lr 0.03, weight decay 0, {muon['tensors']} tensors, "
             f"{muon['parameters']:,} parameters |") in text
-    assert "| Group `adamw_no_decay` | AdamW, peak lr 0.001, weight decay 0," in text
+    assert f"| Group `adamw_no_decay` | AdamW, peak lr {args.learning_rate:g}, weight decay 0," in text
     assert ("| Schedule | `warmup_stable_decay`, 10 warmup steps, 120 steps, linear decay over the last 24 to 0 x "
             "peak |") in text
     assert "| Batch | 32 rows per optimizer step (16 per process x 2 accumulation) |" in text
