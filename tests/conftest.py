@@ -24,6 +24,11 @@ def tiny_config(**overrides):
     return MiniTxConfig(**values)
 
 
+# Every architecture option of issue 21 at once (zero_init_head left out: zero logits would make parity vacuous).
+ALL_OPTIONS = dict(norm_type="rmsnorm", hidden_act="swiglu", qk_norm=True, tie_word_embeddings=False,
+                   final_logit_softcap=0.5)
+
+
 @pytest.fixture
 def make_config():
     return tiny_config

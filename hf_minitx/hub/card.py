@@ -17,7 +17,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import eval_results_to_model_index, model_index_to_eval_results
 
 from ..folders import write_file
-from ..models.configuration_minitx import POSITION_KINDS, PositionKind
+from ..models.configuration_minitx import NORM_TYPES, POSITION_KINDS, PositionKind
 from .folder import AUTO_CLASSES, ModelFolderError, count_parameters, read_safetensors_header
 
 TEMPLATE_NAME = "model_card.md"
@@ -100,7 +100,9 @@ def _position_kind(config: dict) -> PositionKind:
 
 def _architecture_rows(config: dict, kind: str, num_parameters: int | None) -> list[tuple[str, str]]:
     """(name, value) rows describing the network."""
-    norm = {"pre": "pre-LayerNorm (before each sub-layer)", "post": "post-LayerNorm (after each residual add)"}
+    norm_type = str(config.get("norm_type") or "layernorm")
+    name = NORM_TYPES.get(norm_type, norm_type)
+    norm = {"pre": f"pre-{name} (before each sub-layer)", "post": f"post-{name} (after each residual add)"}
     if kind == "seq2seq":
         layers = f"{config.get('num_encoder_layers')} encoder + {config.get('num_decoder_layers')} decoder"
     else:
@@ -116,9 +118,14 @@ def _architecture_rows(config: dict, kind: str, num_parameters: int | None) -> l
         ("Feed-forward size", f"{config.get('intermediate_size')} ({config.get('hidden_act')})"),
         ("Positions", f"{_position_kind(config).description}, "
                       f"up to {config.get('max_position_embeddings')}"),
-        ("Normalisation", norm.get(config.get("norm_position"), str(config.get("norm_position")))),
+        ("Normalisation", norm.get(config.get("norm_position"), str(config.get("norm_position")))
+         + (", QK-norm on each head's queries and keys" if config.get("qk_norm") else "")),
         ("Vocabulary", str(config.get("vocab_size"))),
-        ("Tied input/output embeddings", "yes" if config.get("tie_word_embeddings") else "no"),
+        ("Output head", ", ".join(filter(None, [
+            "untied" if config.get("tie_word_embeddings") is False else "tied to the token embeddings",
+            "zero at the start of training" if config.get("zero_init_head") else "",
+            f"logits soft-capped: {config['final_logit_softcap']:g}·tanh(logits/{config['final_logit_softcap']:g})"
+            if config.get("final_logit_softcap") else ""]))),
         ("Parameters", f"{num_parameters:,} ({_human(num_parameters)})" if num_parameters else "unknown"),
         ("Stored dtype", str(config.get("dtype") or config.get("torch_dtype") or "float32")),
     ]

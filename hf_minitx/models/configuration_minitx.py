@@ -7,7 +7,7 @@ from transformers import PretrainedConfig
 
 HIDDEN_ACTS = ("gelu", "relu", "relu2", "swiglu")  # the feed-forwards of layers_minitx.ACTIVATIONS
 NORM_POSITIONS = ("pre", "post")
-NORM_TYPES = ("layernorm", "rmsnorm")  # the norms of layers_minitx.NORMS
+NORM_TYPES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}  # name -> how the card writes it; see layers_minitx.NORMS
 
 
 class PositionKind(NamedTuple):
@@ -26,7 +26,7 @@ POSITION_KINDS = {
 POSITION_EMBEDDING_TYPES = tuple(POSITION_KINDS)
 IGNORE_INDEX = -100  # label value the loss skips (padding, prompt tokens)
 BOOL_FIELDS = ("attention_bias", "scale_embeddings", "tie_word_embeddings", "is_encoder_decoder", "use_cache",
-               "qk_norm", "zero_init_head")
+               "qk_norm", "zero_init_head", "zero_init_projections")
 FLOAT_FIELDS = ("rope_theta", "hidden_dropout", "attention_dropout", "layer_norm_eps", "initializer_range")
 
 
@@ -54,6 +54,8 @@ class MiniTxConfig(PretrainedConfig):
             right after their projections, before the rotary positions; in cross-attention too.
         zero_init_head: start the output projection (`lm_head`) at zero, so every first prediction is uniform;
             needs `tie_word_embeddings=False`.
+        zero_init_projections: start the output projection of every sub-layer (attention `o_proj`, feed-forward
+            `fc2`) at zero, so each block starts as the identity and the residual stream as the embeddings.
         final_logit_softcap: None, or a cap c > 0: logits = c * tanh(logits / c) stay inside (-c, c).
         position_embedding_type: "sinusoidal" (the paper), "learned" (GPT-2) or "rope" (rotary).
         rope_theta: base of the rotary frequencies.
@@ -86,6 +88,7 @@ class MiniTxConfig(PretrainedConfig):
     norm_type: str = "layernorm"
     qk_norm: bool = False
     zero_init_head: bool = False
+    zero_init_projections: bool = False
     final_logit_softcap: float | None = None
     position_embedding_type: str = "learned"
     rope_theta: float = 10000.0
@@ -163,8 +166,9 @@ class MiniTxConfig(PretrainedConfig):
             "position_embedding_type": POSITION_EMBEDDING_TYPES,
         }
         for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"MiniTxConfig.{name}={getattr(self, name)!r} is not supported; choose one of {allowed}.")
+            if getattr(self, name) not in tuple(allowed):
+                raise ValueError(f"MiniTxConfig.{name}={getattr(self, name)!r} is not supported; choose one of "
+                                 f"{tuple(allowed)}.")
         positive = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                     "intermediate_size", "max_position_embeddings"]
         if self.is_encoder_decoder:

@@ -88,9 +88,10 @@ class MiniTxAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
-        # QK-norm: per-head norms of queries and keys (identity when off, so no parameters and no saved keys)
-        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
-        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
+        self.o_proj.residual_output = True  # writes into the residual stream (see config.zero_init_projections)
+        # QK-norm: per-head norms of queries and keys (None when off: no parameters, no saved keys, no call)
+        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else None
+        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else None
 
     def _heads(self, projection: nn.Linear, states: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
         """Project (batch, seq, hidden) states and split the heads; `norm` (QK-norm) acts on each head."""
@@ -166,6 +167,7 @@ class MiniTxMLP(nn.Module):
         if activation.gated:
             self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.attention_bias)
         self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.attention_bias)
+        self.fc2.residual_output = True  # writes into the residual stream (see config.zero_init_projections)
         self.act = activation.fn
         self.gated = activation.gated
 

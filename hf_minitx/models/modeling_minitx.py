@@ -145,6 +145,10 @@ class MiniTxPreTrainedModel(PreTrainedModel):
         std = self.config.initializer_range
         if module is getattr(self, "lm_head", None) and self.config.zero_init_head:
             init.zeros_(module.weight)  # every first prediction uniform: the loss starts at ln(vocab_size)
+        elif isinstance(module, nn.Linear) and self.config.zero_init_projections and getattr(module, "residual_output", False):
+            init.zeros_(module.weight)  # o_proj / fc2: each block starts as the identity
+            if module.bias is not None:
+                init.zeros_(module.bias)
         elif isinstance(module, nn.Linear):
             init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
@@ -439,6 +443,7 @@ class MiniTxLMHeadMixin:
             logger.warning_once(f"Every position of `{name}` is {IGNORE_INDEX} (ignored): the loss is 0, not NaN. "
                                 "Check the label masking (e.g. prompts longer than the block).")
             kwargs["num_items_in_batch"] = 1  # sum over no position (0) / 1
+        targets = targets.contiguous()  # a slice of a larger tensor is fine (the loss views it flat)
         labels, shift_labels = (None, targets) if aligned else (targets, None)
         return self.loss_function(logits, labels, self.config.vocab_size, shift_labels=shift_labels,
                                   ignore_index=IGNORE_INDEX, **kwargs)

@@ -13,6 +13,7 @@ dataset of token ids, so they write the same `metrics.jsonl` and `training_summa
 from __future__ import annotations
 
 import signal
+from argparse import ArgumentTypeError
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
+from transformers.hf_argparser import string_to_bool
 
 from ..cli import Interrupted
 from ..folders import check_output_folder, replace_folder
@@ -49,10 +51,11 @@ class ExperimentConfig:
     num_heads: int = field(default=4, metadata={"help": "attention heads"})
     intermediate_size: int = field(default=128, metadata={"help": "feed-forward width"})
     norm_position: str = field(default="pre", metadata={"help": "pre (x + f(LN(x))) or post (LN(x + f(x)), the paper)"})
+    position_embedding_type: str = field(default="sinusoidal", metadata={"help": "sinusoidal, learned or rope"})
     norm_type: str = field(default="layernorm", metadata={"help": "layernorm or rmsnorm"})
     hidden_act: str = field(default="gelu", metadata={"help": "feed-forward activation: gelu, relu, relu2 or swiglu"})
     qk_norm: bool = field(default=False, metadata={"help": "normalise each head's queries and keys"})
-    position_embedding_type: str = field(default="sinusoidal", metadata={"help": "sinusoidal, learned or rope"})
+    final_logit_softcap: float | None = field(default=None, metadata={"help": "soft cap c of the logits, c·tanh(logits/c) (none: off)"})
     initializer_range: float = field(default=0.02, metadata={"help": "std of the weights at init; 1/sqrt(hidden_size) is the paper's scale"})
     steps: int = field(default=600, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=64, metadata={"help": "sequences per step"})
@@ -111,9 +114,10 @@ class ExperimentConfig:
         return MiniTxConfig(
             vocab_size=self.vocab_size, hidden_size=self.hidden_size, num_hidden_layers=self.num_layers,
             num_attention_heads=self.num_heads, intermediate_size=self.intermediate_size,
-            max_position_embeddings=self.max_length + 2, norm_position=self.norm_position, norm_type=self.norm_type,
-            hidden_act=self.hidden_act, qk_norm=self.qk_norm,
-            position_embedding_type=self.position_embedding_type, is_encoder_decoder=True,
+            max_position_embeddings=self.max_length + 2, norm_position=self.norm_position,
+            position_embedding_type=self.position_embedding_type, norm_type=self.norm_type,
+            hidden_act=self.hidden_act, qk_norm=self.qk_norm, final_logit_softcap=self.final_logit_softcap,
+            is_encoder_decoder=True,
             tie_word_embeddings=True, scale_embeddings=True, initializer_range=self.initializer_range,
         )
 
@@ -302,7 +306,7 @@ class ExperimentArguments:
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)"})
 
 
-NONE_FIELDS = ("stop_at_exact_match", "max_grad_norm")  # fields where the word `none` means "off"
+NONE_FIELDS = ("stop_at_exact_match", "max_grad_norm", "final_logit_softcap")  # fields where the word `none` means "off"
 
 
 def _take_none_values(argv: list[str]) -> tuple[list[str], dict[str, None]]:
@@ -330,11 +334,11 @@ def _describe(label: str, summary: dict) -> str:
 def _convert(name: str, values: list[str]) -> list:
     """Command-line strings as the type of ExperimentConfig field `name` (the word `none` gives None)."""
     kind = type(ExperimentConfig.__dataclass_fields__[name].default)
-    if kind is bool:  # --compare qk_norm false true
-        words = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-        if any(v.lower() not in words for v in values):
-            raise ValueError(f"--compare {name}: give true/false values, got {values}")
-        return [words[v.lower()] for v in values]
+    if kind is bool:  # read as HfArgumentParser reads a bool flag
+        try:
+            return [string_to_bool(v) for v in values]
+        except ArgumentTypeError:
+            raise ValueError(f"--compare {name}: values must be true or false, got {values}") from None
     convert = float if name in NONE_FIELDS else kind if kind in (int, float, str) else str
     return [None if name in NONE_FIELDS and v.lower() == "none" else convert(v) for v in values]
 

@@ -4,10 +4,11 @@ Each test names the contract it holds; the list is in the README's models sectio
 """
 
 import inspect
+import sys
 
 import pytest
 import torch
-from conftest import random_ids, tiny_config
+from conftest import ALL_OPTIONS, random_ids, tiny_config
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -24,9 +25,19 @@ from hf_minitx import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGener
 LAYERS = 2
 
 
+ARCHITECTURES = {"default": {}, "all-options": ALL_OPTIONS}  # every contract holds for both
+ARCHITECTURE = ARCHITECTURES["default"]
+
+
+@pytest.fixture(autouse=True, params=list(ARCHITECTURES))
+def architecture(request, monkeypatch):
+    """Run each contract test on the default architecture and on one with every new option on."""
+    monkeypatch.setattr(sys.modules[__name__], "ARCHITECTURE", ARCHITECTURES[request.param])
+
+
 def build(cls, seq2seq: bool, **overrides):
     torch.manual_seed(0)
-    config = tiny_config(is_encoder_decoder=seq2seq, **overrides)
+    config = tiny_config(is_encoder_decoder=seq2seq, **{**ARCHITECTURE, **overrides})
     config._attn_implementation = "eager"  # the implementation that returns attention weights
     return cls(config).eval()
 
@@ -142,12 +153,10 @@ def test_causal_loss_does_not_copy_the_logits():
         return original(logits, *args, **kwargs)
 
     ids = random_ids(2, 6)
-    out_logits = {}
-    model.lm_head.register_forward_hook(lambda module, args, out: out_logits.setdefault("t", out))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.nn.functional, "cross_entropy", spy)
-        model(ids, labels=ids)
-    assert seen[0].data_ptr() == out_logits["t"].data_ptr()
+        out = model(ids, labels=ids)
+    assert seen[0].data_ptr() == out.logits.data_ptr()  # the returned logits themselves, not a shifted copy
 
 
 @pytest.mark.parametrize("cls", [MiniTxForCausalLM, MiniTxForConditionalGeneration])

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import random_ids, tiny_causal, tiny_seq2seq
+from conftest import ALL_OPTIONS, random_ids, tiny_causal, tiny_seq2seq
 
 from hf_minitx import MiniTxModel
 from hf_minitx.models.modeling_minitx import shift_tokens_right
@@ -11,6 +11,8 @@ VARIANTS = [
     dict(position_embedding_type="learned", norm_position="pre"),
     dict(position_embedding_type="sinusoidal", norm_position="post", hidden_act="relu", scale_embeddings=True),
     dict(position_embedding_type="rope", norm_position="pre", num_key_value_heads=2),
+    dict(ALL_OPTIONS, position_embedding_type="rope", num_key_value_heads=2),
+    dict(ALL_OPTIONS, position_embedding_type="learned", norm_position="post", hidden_act="relu2"),
 ]
 
 

@@ -103,6 +103,17 @@ CLEAN_ENV_SCRIPT = textwrap.dedent(
 )
 
 
+def run_without_hf_minitx(script: str, args: list[str], tmp_path) -> dict:
+    """Run `script` in a fresh interpreter that cannot import hf_minitx (no PYTHONPATH, the script blocks the
+    installed package itself; a fresh modules cache); return the JSON of its last output line."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    result = subprocess.run([sys.executable, "-c", script, *args], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,auto", [("causal", "AutoModelForCausalLM"), ("seq2seq", "AutoModelForSeq2SeqLM")])
 def test_folder_loads_and_generates_without_hf_minitx_installed(tmp_path, kind, auto):
@@ -111,14 +122,8 @@ def test_folder_loads_and_generates_without_hf_minitx_installed(tmp_path, kind, 
     model.save_pretrained(folder)
     ids = torch.randint(3, 64, (2, 5), generator=torch.Generator().manual_seed(3))
     expected = model.generate(ids, do_sample=False, max_new_tokens=6, min_new_tokens=6).tolist()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
-    result = subprocess.run(
-        [sys.executable, "-c", CLEAN_ENV_SCRIPT.format(auto=auto), str(folder), json.dumps(ids.tolist())],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_without_hf_minitx(CLEAN_ENV_SCRIPT.format(auto=auto), [str(folder), json.dumps(ids.tolist())],
+                                   tmp_path)
     assert report["config"] == "MiniTxConfig" and report["model"] == type(model).__name__
     assert report["base"] == "MiniTxModel"
     assert report["tokens"] == expected

@@ -122,6 +122,23 @@ def test_compare_runs_same_data_side_by_side(tmp_path):
         compare(config, "colour", ["a", "b"], tmp_path)
 
 
+def test_compare_puts_architecture_options_side_by_side(tmp_path):
+    import hf_minitx.tools.experiments as cli  # `minitx experiment`
+    argv = [f"--{k}={v}" for k, v in TINY.items() if k != "stop_at_exact_match"]
+    summaries = cli.main([*argv, "--stop_at_exact_match", "none", "--hidden_act", "relu2", "--final_logit_softcap",
+                          "5", "--compare", "qk_norm", "false", "true", "--output_dir", str(tmp_path)])
+    assert list(summaries) == ["qk_norm=False", "qk_norm=True"]
+    for value in (False, True):
+        saved = json.loads((tmp_path / f"qk_norm-{value}" / "config.json").read_text())
+        assert (saved["qk_norm"], saved["hidden_act"], saved["final_logit_softcap"]) == (value, "relu2", 5.0)
+    assert cli._convert("norm_type", ["layernorm", "rmsnorm"]) == ["layernorm", "rmsnorm"]
+    assert cli._convert("final_logit_softcap", ["none", "30"]) == [None, 30.0]
+    with pytest.raises(ValueError, match="true or false"):
+        cli._convert("qk_norm", ["maybe", "true"])
+    with pytest.raises(ValueError, match="choose one of \\('layernorm', 'rmsnorm'\\)"):
+        ExperimentConfig(**TINY, norm_type="batchnorm")
+
+
 def test_cli_overrides_and_compare(tmp_path, capsys):
     import hf_minitx.tools.experiments as cli  # `minitx experiment`
     argv = [f"--{k}={v}" for k, v in TINY.items() if k != "stop_at_exact_match"]
@@ -165,18 +182,3 @@ def test_compare_adamw_and_muon_side_by_side(tmp_path, capsys):
     assert (tmp_path / "comparison.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="optimizer='sgd' is not known"):
         ExperimentConfig(optimizer="sgd")
-
-
-def test_compare_layernorm_and_rmsnorm_and_qk_norm_from_the_command_line(tmp_path):
-    import hf_minitx.tools.experiments as cli
-
-    argv = [f"--{k}={v}" for k, v in TINY.items() if k != "stop_at_exact_match"] + ["--stop_at_exact_match", "none"]
-    cli.main([*argv, "--compare", "norm_type", "layernorm", "rmsnorm", "--output_dir", str(tmp_path / "norms")])
-    saved = {v: json.loads((tmp_path / "norms" / f"norm_type-{v}" / "config.json").read_text())
-             for v in ("layernorm", "rmsnorm")}
-    assert [saved[v]["norm_type"] for v in ("layernorm", "rmsnorm")] == ["layernorm", "rmsnorm"]
-    summaries = cli.main([*argv, "--compare", "qk_norm", "false", "true", "--output_dir", str(tmp_path / "qk")])
-    assert [s["experiment"]["qk_norm"] for s in summaries.values()] == [False, True]
-    assert json.loads((tmp_path / "qk" / "qk_norm-True" / "config.json").read_text())["qk_norm"] is True
-    with pytest.raises(ValueError, match="true/false"):
-        cli.main([*argv, "--compare", "qk_norm", "no", "maybe", "--output_dir", str(tmp_path / "bad")])
