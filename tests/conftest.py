@@ -53,3 +53,45 @@ def tiny_seq2seq(**overrides):
 def random_ids(batch: int, length: int, seed: int = 0, vocab: int = 64) -> torch.Tensor:
     """(batch, length) ids that avoid the special tokens 0-2."""
     return torch.randint(3, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+# Run the training, and SIGKILL the process right after its first checkpoint is complete (kill -9).
+KILL_AFTER_FIRST_CHECKPOINT = """
+import os, signal, sys
+import hf_minitx.training.loop as loop
+original = loop.rotate_checkpoints
+def rotate_then_die(*args, **kwargs):
+    original(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+loop.rotate_checkpoints = rotate_then_die
+loop.main(sys.argv[1:])
+"""
+
+
+def kill_then_resume(make_args, straight, killed, env, cwd, between=None) -> None:
+    """Train ``straight`` uninterrupted; train ``killed`` until SIGKILL right after its first checkpoint, call
+    ``between(killed)``, then resume it with ``--resume_from_checkpoint latest``. ``make_args(folder)`` gives
+    the `minitx train` arguments of a run in ``folder``."""
+    import signal
+    import subprocess
+    import sys
+
+    train = [sys.executable, "-m", "hf_minitx", "train"]
+    subprocess.run([*train, *make_args(straight)], check=True, env=env, cwd=cwd, timeout=300)
+    died = subprocess.run([sys.executable, "-c", KILL_AFTER_FIRST_CHECKPOINT, *make_args(killed)],
+                          env=env, cwd=cwd, timeout=300, capture_output=True)
+    assert died.returncode == -signal.SIGKILL, died.stderr.decode()[-2000:]
+    if between is not None:
+        between(killed)
+    subprocess.run([*train, *make_args(killed), "--resume_from_checkpoint", "latest"], check=True, env=env, cwd=cwd,
+                   timeout=300)
+
+
+def assert_same_weights(first, second) -> None:
+    """The model.safetensors of two run folders hold the same tensors, bit for bit."""
+    from safetensors.torch import load_file
+
+    a, b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name

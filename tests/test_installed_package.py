@@ -37,7 +37,7 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_wheel_holds_presets_recipes_card_template_and_the_command(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    for preset in ("tiny", "small", "gpt2-small", "base", "kjv-demo", "numbers-demo"):
+    for preset in ("tiny", "small", "gpt2-style", "gpt2-small", "base", "kjv-demo", "numbers-demo"):
         assert f"hf_minitx/training/presets/{preset}.json" in names
     assert "hf_minitx/tools/recipes/kjv-gpt.json" in names and "hf_minitx/hub/model_card.md" in names
     assert "hf_minitx/tools/explorer.html" in names  # the page template of `minitx explore`

@@ -155,6 +155,32 @@ def _training_rows(summary: dict) -> list[tuple[str, str]]:
         rows.append(("Mixed precision", "none (fp32)" if precision == "no" else precision))
     if summary.get("seed") is not None:
         rows.append(("Seed", str(summary["seed"])))
+    return rows + _recipe_rows(summary.get("recipe") or {})
+
+
+def _recipe_rows(recipe: dict) -> list[tuple[str, str]]:
+    """(name, value) rows of the recorded recipe: optimizer and its groups, schedule, batch, lengths, clipping."""
+    rows = []
+    if recipe.get("optimizer"):
+        rows.append(("Optimizer", f"`{recipe['optimizer']}`"))
+    for group in recipe.get("parameter_groups") or []:
+        rows.append((f"Group `{group['name']}`", f"{group['optimizer']}, peak lr {group['learning_rate']:g}, weight decay "
+                     f"{group['weight_decay']:g}, {group['tensors']} tensors, {int(group['parameters']):,} parameters"))
+    schedule = recipe.get("schedule") or {}
+    if schedule:
+        text = f"`{schedule['type']}`, {schedule['warmup_steps']} warmup steps, {schedule['total_steps']:,} steps"
+        if "decay_steps" in schedule:
+            text += f", linear decay over the last {schedule['decay_steps']:,} to {schedule['min_lr_ratio']:g} x peak"
+        rows.append(("Schedule", text))
+    if recipe.get("global_batch_size"):
+        rows.append(("Batch", f"{recipe['global_batch_size']} rows per optimizer step ({recipe.get('per_device_train_batch_size')}"
+                     f" per process x {recipe.get('gradient_accumulation_steps', 1)} accumulation)"))
+    for key, name in (("block_size", "Block size"), ("max_source_length", "Source length"),
+                      ("max_target_length", "Target length")):
+        if recipe.get(key):
+            rows.append((name, f"{recipe[key]} tokens"))
+    if recipe.get("max_grad_norm"):
+        rows.append(("Gradient clipping", f"{recipe['max_grad_norm']:g}"))
     return rows
 
 

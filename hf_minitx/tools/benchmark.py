@@ -16,6 +16,8 @@ Workloads:
 - `memory`: peak memory of a few training steps, each implementation in a fresh subprocess.
 - `mfu` (CUDA only): model FLOPs utilisation at a GPT-2-small shape in bf16, eager and `torch.compile`d.
 - data preparation (``data_prep_bench``): raw .txt to packed blocks, hf_minitx vs run_clm-style map + group_texts.
+- quality (``quality_bench``): validation bits per byte at equal wall time, hf_minitx's default recipe vs GPT-2
+  trained with nanoGPT's recipe, on the same tokens.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ..device import pick_device
 from ..folders import WRITTEN_BY, check_output_file, write_file
 from .data_prep_bench import format_data_prep, run_data_prep
 from .generation_bench import COMPILED_SUFFIX, generation_step
+from .quality_bench import QUALITY_CORPORA, QualitySettings, format_quality, run_quality
 
 # Workload name -> (reference implementation, implementations) in the order they are built.
 WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -571,6 +574,16 @@ class BenchmarkArguments:
         "help": "data preparation: prepare these .txt files instead (comma-separated or a glob)"})
     no_data_prep: bool = field(default=False, metadata={
         "help": "skip the data-preparation section (hf_minitx vs run_clm-style map + group_texts)"})
+    no_quality: bool = field(default=False, metadata={
+        "help": "skip the quality section (bits/byte at equal wall time vs GPT-2 trained the nanoGPT way)"})
+    quality_only: bool = field(default=False, metadata={"help": "run the quality section alone"})
+    quality_seconds: float | None = field(default=None, metadata={
+        "help": "quality: training wall time in seconds of each side on each corpus, both sides at the same time "
+                "(default 180, --quick 30)"})
+    quality_corpora: list[str] = field(default_factory=lambda: list(QUALITY_CORPORA), metadata={
+        "help": "quality: the corpora (any minitx train --dataset)"})
+    quality_ours_args: str = field(default="", metadata={
+        "help": "quality: minitx train arguments that change our side's recipe, e.g. '--optimizer adamw'"})
     json: str | None = field(default=None, metadata={"help": "write every figure and the machine description here"})
     overwrite: bool = field(default=False, metadata={
         "help": "replace an existing --json file that minitx did not write (its own are replaced anyway)"})
@@ -610,17 +623,31 @@ def main(argv: Sequence[str] | None = None) -> dict:
     shape.check()
     if args.json:  # before minutes of measuring, not after
         check_output_file(args.json, overwrite=args.overwrite, option="--json", is_ours=_written_by_us)
+    if args.no_quality and args.quality_only:
+        raise ValueError("--no_quality and --quality_only contradict each other; give one")
+    quality = QualitySettings(seconds=args.quality_seconds or (30.0 if args.quick else 180.0),
+                              corpora=tuple(args.quality_corpora), threads=args.threads, ours_args=args.quality_ours_args)
+    if not args.no_quality:
+        quality.check()
     rounds = args.rounds or (3 if args.quick else 5)
-    result = run_benchmark(shape, rounds=rounds, repeats=args.repeats, warmup=args.warmup, threads=args.threads,
-                           device=args.device, workloads=tuple(args.workloads), memory=not args.no_memory,
-                           compile_backend=args.compile_backend,
-                           log=lambda msg: print(msg, file=sys.stderr, flush=True))
-    if not args.no_data_prep:
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    if args.quality_only:
+        result = {"machine": machine_description(args.threads, args.device)}
+    else:
+        result = run_benchmark(shape, rounds=rounds, repeats=args.repeats, warmup=args.warmup, threads=args.threads,
+                               device=args.device, workloads=tuple(args.workloads), memory=not args.no_memory,
+                               compile_backend=args.compile_backend, log=log)
+    if not (args.no_data_prep or args.quality_only):
         result["data_preparation"] = run_data_prep(
             megabytes=args.data_prep_mb or (8 if args.quick else 100), files=_expand_files(args.data_prep_files),
-            log=lambda msg: print(msg, file=sys.stderr, flush=True))
+            log=log)
+    if not args.no_quality:
+        result["quality"] = run_quality(quality, log=log)
     result["command"] = "minitx benchmark " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(format_table(result))
+    if "workloads" in result:
+        print(format_table(result))
+    if "quality" in result:
+        print("\n" + format_quality(result["quality"]))
     if "data_preparation" in result:
         print("\n" + format_data_prep(result["data_preparation"]))
     if args.json:

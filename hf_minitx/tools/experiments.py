@@ -21,19 +21,20 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
-from transformers import get_scheduler
 from transformers.hf_argparser import string_to_bool
 
 from ..cli import Interrupted
 from ..folders import check_output_folder, replace_folder, unlock_folder
 from ..models.configuration_minitx import MiniTxConfig
 from ..models.modeling_minitx import IGNORE_INDEX, MiniTxForConditionalGeneration
+from ..training.arguments import TrainArguments
 from ..training.evaluation import evaluate_loss
 from ..training.loop import LoopSettings, RunState, TrainingRun, finish, fit, run_summary
 from ..training.loss import Objective
+from ..training.optim import OPTIMIZERS, build_optimizer, build_scheduler, describe_schedule
 
 TASKS = ("copy", "reverse")
-SCHEDULES = ("inverse_sqrt", "constant_with_warmup", "cosine", "linear")  # names as in `minitx train --lr_scheduler_type`
+SCHEDULES = ("inverse_sqrt", "constant_with_warmup", "cosine", "linear", "warmup_stable_decay")  # as `minitx train --lr_scheduler_type`
 FIRST_TOKEN = 4  # ids below are special: 0 pad, 1 bos, 2 eos, 3 kept free
 
 
@@ -58,8 +59,10 @@ class ExperimentConfig:
     initializer_range: float = field(default=0.02, metadata={"help": "std of the weights at init; 1/sqrt(hidden_size) is the paper's scale"})
     steps: int = field(default=600, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=64, metadata={"help": "sequences per step"})
-    learning_rate: float = field(default=1e-3, metadata={"help": "peak learning rate"})
-    schedule: str = field(default="inverse_sqrt", metadata={"help": "inverse_sqrt (the paper), constant_with_warmup, cosine or linear"})
+    optimizer: str = field(default="adamw", metadata={"help": "adamw, or muon (Muon on the hidden matrices, AdamW on the rest)"})
+    learning_rate: float = field(default=1e-3, metadata={"help": "peak learning rate (with muon: of the AdamW groups)"})
+    muon_learning_rate: float = field(default=0.02, metadata={"help": "optimizer muon: peak learning rate of Muon"})
+    schedule: str = field(default="inverse_sqrt", metadata={"help": "inverse_sqrt (the paper), constant_with_warmup, cosine, linear or warmup_stable_decay"})
     warmup_steps: int = field(default=100, metadata={"help": "linear warmup steps"})
     label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing (paper: 0.1)"})
     max_grad_norm: float | None = field(default=1.0, metadata={"help": "gradient clipping norm (none: no clipping)"})
@@ -75,6 +78,8 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"task={self.task!r} is not known; choose one of {TASKS}.")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer={self.optimizer!r} is not known; choose one of {sorted(OPTIMIZERS)}.")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r} is not known; choose one of {SCHEDULES}.")
         if self.vocab_size <= FIRST_TOKEN + 1:
@@ -90,12 +95,19 @@ class ExperimentConfig:
             raise ValueError(f"max_grad_norm must be positive or None (no clipping), got {self.max_grad_norm}.")
         if self.initializer_range <= 0:
             raise ValueError(f"initializer_range must be positive, got {self.initializer_range}.")
-        if self.learning_rate <= 0:
-            raise ValueError(f"learning_rate must be positive, got {self.learning_rate}.")
+        for name in ("learning_rate", "muon_learning_rate"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
         try:
             self.model_config()  # norm_position, position_embedding_type, the head split: checked by the model
         except (TypeError, ValueError) as err:
             raise ValueError(f"invalid model settings: {err}") from None
+
+    def optimizer_arguments(self) -> TrainArguments:
+        """The run's optimizer and schedule as `minitx train` arguments (no weight decay, the paper's betas)."""
+        return TrainArguments(optimizer=self.optimizer, learning_rate=self.learning_rate, weight_decay=0.0,
+                              adam_beta2=0.98, adam_epsilon=1e-9, muon_learning_rate=self.muon_learning_rate,
+                              lr_scheduler_type=self.schedule, warmup_steps=self.warmup_steps)
 
     def model_config(self) -> MiniTxConfig:
         """The MiniTx encoder-decoder for this run (room for the source and target + EOS)."""
@@ -133,13 +145,13 @@ def make_batch(config: ExperimentConfig, batch_size: int, generator: torch.Gener
 
 
 def make_scheduler(config: ExperimentConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-    """The learning-rate schedule (transformers' schedulers, as the training CLI uses).
+    """The learning-rate schedule (`minitx train`'s own, ``training.optim.build_scheduler``).
 
     inverse_sqrt is the paper's: linear warmup for `warmup_steps` to `learning_rate`, then decay as
-    1/sqrt(step); constant_with_warmup stays at the peak; cosine and linear decay to 0 at `steps`.
+    1/sqrt(step); constant_with_warmup stays at the peak; cosine and linear decay to 0 at `steps`;
+    warmup_stable_decay holds the peak and decays over the last steps.
     """
-    return get_scheduler(config.schedule, optimizer, num_warmup_steps=config.warmup_steps,
-                         num_training_steps=config.steps)
+    return build_scheduler(optimizer, config.optimizer_arguments(), config.steps)
 
 
 # --- evaluation ----------------------------------------------------------------------------------
@@ -201,8 +213,7 @@ def build_run(config: ExperimentConfig, output_dir: Path | None) -> TrainingRun:
     torch.manual_seed(config.seed)
     model = MiniTxForConditionalGeneration(config.model_config())
     model.generation_config.max_length = None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.98), eps=1e-9,
-                                  weight_decay=0.0)
+    optimizer = build_optimizer(model, config.optimizer_arguments())
     scheduler = make_scheduler(config, optimizer)
     loader = DataLoader(training_rows(config), batch_size=config.batch_size, shuffle=False)
     eval_batch = make_batch(config, config.eval_examples, torch.Generator().manual_seed(config.seed + 1))
@@ -213,9 +224,12 @@ def build_run(config: ExperimentConfig, output_dir: Path | None) -> TrainingRun:
         eval_steps=config.eval_every, max_grad_norm=config.max_grad_norm, show_progress=False,
         stop_when=("eval_exact_match", target) if target is not None else None,
     )
+    recipe = {"optimizer": config.optimizer, "schedule": describe_schedule(config.optimizer_arguments(), config.steps),
+              "max_grad_norm": config.max_grad_norm, "label_smoothing": config.label_smoothing,
+              "global_batch_size": config.batch_size, "max_source_length": config.max_length + 1}
     return TrainingRun(accelerator, model, optimizer, scheduler, iter(loader),
                        Objective(shift=False, label_smoothing=config.label_smoothing), ToyTaskEvaluation(eval_batch),
-                       settings, output_dir)
+                       settings, output_dir, recipe=recipe)
 
 
 def run_experiment(config: ExperimentConfig) -> dict:

@@ -6,7 +6,9 @@ defaults and the command line overrides them::
     minitx train my-run.json --max_steps 500
 
 Model shapes come from presets (``--preset NAME|PATH``): flat JSON files of ``MiniTxConfig`` fields
-shipped in the package (``hf_minitx/training/presets/``), or a JSON file of your own.
+shipped in the package (``hf_minitx/training/presets/``), or a JSON file of your own. A preset may also hold a
+``"training"`` object of training arguments (e.g. ``gpt2-style``'s AdamW and cosine schedule): they replace the
+argument defaults, and an arguments file or the command line still overrides them.
 """
 
 from __future__ import annotations
@@ -133,23 +135,45 @@ class TrainArguments:
         default=None, metadata={"help": "'latest' or the path of a checkpoint-STEP folder to continue from."}
     )
     seed: int = field(default=42, metadata={"help": "Seed of initialisation, data order and dropout."})
-    per_device_train_batch_size: int = field(default=16, metadata={"help": "Rows per micro-batch per process."})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Rows per micro-batch per process."})
     per_device_eval_batch_size: int = field(default=32, metadata={"help": "Rows per evaluation batch per process."})
     gradient_accumulation_steps: int = field(
         default=1, metadata={"help": "Micro-batches per optimizer step (accelerator.accumulate)."}
     )
-    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate of AdamW."})
+    optimizer: Literal["adamw", "muon"] = field(
+        default="muon",
+        metadata={"help": "adamw: AdamW on every parameter. muon: torch.optim.Muon on the hidden 2-D matrices "
+                          "(--muon_learning_rate), AdamW on embeddings, head, norms and biases (--learning_rate)."},
+    )
+    learning_rate: float = field(
+        default=6e-3, metadata={"help": "Peak learning rate of AdamW (with --optimizer muon: of the AdamW groups)."}
+    )
     weight_decay: float = field(
         default=0.1, metadata={"help": "AdamW weight decay (not applied to biases, norms and embeddings)."}
     )
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
     adam_beta2: float = field(default=0.98, metadata={"help": "AdamW beta2."})
     adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
-    lr_scheduler_type: Literal["cosine", "inverse_sqrt", "linear", "constant_with_warmup"] = field(
-        default="cosine",
-        metadata={"help": "Warmup then cosine decay, or the paper's inverse square root (transformers schedulers)."},
+    muon_learning_rate: float = field(
+        default=0.05, metadata={"help": "--optimizer muon: peak learning rate of Muon (the hidden 2-D matrices)."}
     )
-    warmup_steps: int = field(default=100, metadata={"help": "Linear warmup steps."})
+    muon_momentum: float = field(default=0.95, metadata={"help": "--optimizer muon: Muon's (Nesterov) momentum."})
+    muon_weight_decay: float = field(
+        default=0.0, metadata={"help": "--optimizer muon: decoupled weight decay of the Muon matrices."}
+    )
+    lr_scheduler_type: Literal["cosine", "inverse_sqrt", "linear", "constant_with_warmup", "warmup_stable_decay"] = field(
+        default="warmup_stable_decay",
+        metadata={"help": "Warmup then cosine decay, the paper's inverse square root, or warmup_stable_decay "
+                          "(warmup, hold the peak, decay over the last --decay_ratio of the steps); transformers' "
+                          "schedulers."},
+    )
+    warmup_steps: int = field(default=20, metadata={"help": "Linear warmup steps."})
+    decay_ratio: float = field(
+        default=0.3, metadata={"help": "warmup_stable_decay: fraction of the steps spent in the final linear decay."}
+    )
+    min_lr_ratio: float = field(
+        default=0.0, metadata={"help": "warmup_stable_decay: learning rate at the end, as a fraction of the peak."}
+    )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 disables)."})
     label_smoothing: float = field(default=0.0, metadata={"help": "Label smoothing of the training loss (paper: 0.1)."})
     max_steps: int | None = field(default=None, metadata={"help": "Optimizer steps to train (overrides num_epochs)."})
@@ -225,10 +249,16 @@ def parse_training_args(argv: list[str] | None = None) -> tuple[ModelArguments, 
     if argv and not argv[0].startswith("-") and Path(argv[0]).suffix in ARGS_FILE_SUFFIXES:
         args_file = argv.pop(0)
         file_values = _read_args_file(Path(args_file))
-    model_args, data_args, train_args = parse_arguments(
-        ARGUMENT_CLASSES, argv, prog="minitx train", defaults=file_values,
-        description="Train a MiniTx model (decoder-only or encoder-decoder) with Accelerate. An arguments file "
-                    "(JSON or YAML) given first supplies defaults; the command line overrides them.")
+    def parse(defaults: dict[str, Any] | None) -> tuple[ModelArguments, DataArguments, TrainArguments]:
+        return parse_arguments(
+            ARGUMENT_CLASSES, argv, prog="minitx train", defaults=defaults,
+            description="Train a MiniTx model (decoder-only or encoder-decoder) with Accelerate. An arguments file "
+                        "(JSON or YAML) given first supplies defaults; the command line overrides them.")
+
+    model_args, data_args, train_args = parse(file_values)
+    recipe = preset_training(model_args.preset)
+    if recipe:  # the preset's training arguments, under the arguments file and the command line
+        model_args, data_args, train_args = parse({**recipe, **(file_values or {})})
     train_args.arguments_file = args_file
     return model_args, data_args, train_args
 
@@ -245,9 +275,8 @@ def preset_path(preset: str) -> Path | None:
     return path if path.suffix == ".json" and path.is_file() else None
 
 
-def load_preset(preset: str) -> dict[str, Any]:
-    """MiniTxConfig fields of a preset name or JSON path (the ``description`` key is dropped); an unknown
-    field is a ValueError with the closest names."""
+def _read_preset(preset: str) -> dict[str, Any]:
+    """The JSON object of a preset name or path."""
     path = preset_path(preset) or PRESETS / f"{preset}.json"
     if not path.is_file():
         listing = "; ".join(f"{name} ({text})" for name, text in available_presets().items())
@@ -258,9 +287,37 @@ def load_preset(preset: str) -> dict[str, Any]:
         raise ValueError(f"preset {path} is not valid JSON ({error}); fix the file or pick a shipped preset") from None
     if not isinstance(values, dict):
         raise ValueError(f"preset {path} must hold a JSON object of MiniTxConfig fields")
+    return values
+
+
+def load_preset(preset: str) -> dict[str, Any]:
+    """MiniTxConfig fields of a preset name or JSON path (the ``description`` and ``training`` keys are dropped);
+    an unknown field is a ValueError with the closest names."""
+    values = _read_preset(preset)
     values.pop("description", None)
+    values.pop(PRESET_TRAINING, None)
+    where = preset_path(preset) or PRESETS / f"{preset}.json"
     for name in values:
-        check_config_field(name, f"preset {path}")
+        check_config_field(name, f"preset {where}")
+    return values
+
+
+PRESET_TRAINING = "training"  # the preset key of its training-argument defaults
+
+
+def preset_training(preset: str) -> dict[str, Any]:
+    """The training-argument defaults a preset brings (``{}`` for none; an unknown preset is left to
+    ``load_preset``'s error); an unknown argument name is a ValueError naming the preset."""
+    try:
+        values = _read_preset(preset).get(PRESET_TRAINING) or {}
+    except ValueError:
+        return {}
+    if not isinstance(values, dict):
+        raise ValueError(f"preset {preset}: {PRESET_TRAINING!r} must be a JSON object of training arguments")
+    known = {f.name for cls in ARGUMENT_CLASSES for f in fields(cls) if f.init} - {"preset", "config_overrides"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"preset {preset}: unknown training argument(s) {unknown}; known: {sorted(known)}")
     return values
 
 

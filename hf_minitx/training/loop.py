@@ -38,7 +38,7 @@ from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerBase, get_scheduler
+from transformers import PreTrainedTokenizerBase
 
 from ..cli import EXIT_INTERRUPTED, Interrupted
 from ..data.corpus import REPLACED_BYTES, UndecodableText
@@ -57,13 +57,13 @@ from .checkpoints import (
 from .data_order import StepIndexedBatchSampler
 from .evaluation import TextEvaluation
 from .loss import Objective
+from .optim import build_optimizer, build_scheduler, describe_optimizer, describe_schedule
 from .outputs import LOSS_CURVE_FILE, SUMMARY_FILE, append_metrics, save_final_model, truncate_metrics
 from .prepare import (
     AlreadyComplete,
     RunPlan,
     abandon_setup,
     build_model,
-    build_optimizer,
     check_global_batch,
     check_not_complete,
     claim_output_folder,
@@ -76,6 +76,7 @@ from .prepare import (
     prepare_data,
     tokenizer_staging,
 )
+from .prepared import PreparedData
 from .stream_data import save_stream_position, streaming_train_batches
 
 logger = logging.getLogger(__name__)
@@ -138,6 +139,7 @@ class TrainingRun:
     output_dir: Path | None  # None: nothing is written (an experiment without --output_dir)
     checkpoint_fields: dict[str, Any] = field(default_factory=dict)  # saved next to the RunState
     stream: PackedBlockStream | None = None  # --streaming: where ``batches`` come from; its position is saved too
+    recipe: dict[str, Any] = field(default_factory=dict)  # optimizer name, schedule, batch, block size: for the record
 
 
 @dataclass
@@ -289,14 +291,13 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
     model = build_model(plan.config, tokenizer)
     optimizer = build_optimizer(model, train_args)
     batches_per_epoch = None if plan.data_args.streaming else StepIndexedBatchSampler(
-        len(data["train"]), train_args.per_device_train_batch_size, num_processes=accelerator.num_processes,
+        len(data.train), train_args.per_device_train_batch_size, num_processes=accelerator.num_processes,
     ).batches_per_epoch
     total_steps = train_args.max_steps or max(1, math.ceil(train_args.num_epochs * batches_per_epoch / k))
     check_not_complete(plan, total_steps)  # before the first write
-    scheduler = get_scheduler(train_args.lr_scheduler_type, optimizer, num_warmup_steps=train_args.warmup_steps,
-                              num_training_steps=total_steps)
-    eval_loader = DataLoader(data["validation"], batch_size=train_args.per_device_eval_batch_size,
-                             collate_fn=data["collate"])
+    scheduler = build_scheduler(optimizer, train_args, total_steps)
+    eval_loader = DataLoader(data.validation, batch_size=train_args.per_device_eval_batch_size,
+                             collate_fn=data.collate)
     model, optimizer, eval_loader = accelerator.prepare(model, optimizer, eval_loader)
     accelerator.register_for_checkpointing(scheduler)  # stepped by us, once per optimizer step
 
@@ -304,10 +305,10 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
     accelerator.wait_for_everyone()
     state = resume(plan, accelerator, model)
     evaluation = TextEvaluation(
-        eval_loader, plan.objective, tokenizer, prompts=data["prompts"], sources=data["sources"],
-        references=data["references"], num_samples=train_args.num_sample_generations, seed=train_args.seed,
-        num_bytes=data["num_bytes"], whole_split=plan.data_args.max_eval_samples is None and not plan.data_args.streaming,
-        rows=len(data["validation"]),
+        eval_loader, plan.objective, tokenizer, prompts=data.prompts, sources=data.sources,
+        references=data.references, num_samples=train_args.num_sample_generations, seed=train_args.seed,
+        num_bytes=data.num_bytes, whole_split=plan.data_args.max_eval_samples is None and not plan.data_args.streaming,
+        rows=len(data.validation),
         generation={"max_new_tokens": plan.data_args.max_target_length, "num_beams": train_args.generation_num_beams,
                     "do_sample": False, "max_source_length": plan.data_args.max_source_length,
                     "batch_size": train_args.per_device_eval_batch_size * 4},
@@ -329,17 +330,29 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
                       plan.output_dir, checkpoint_fields={
                           **plan.identity, "run_id": run_id,
                           "global_batch_size": train_args.per_device_train_batch_size * accelerator.num_processes * k},
-                      stream=stream)
+                      stream=stream, recipe=training_recipe(plan, total_steps, accelerator.num_processes))
     start_trackers(plan, accelerator)
     return run, tokenizer, state
 
 
-def training_loader(data: dict[str, Any], train_args: TrainArguments, accelerator: Accelerator, start: int) -> DataLoader:
+def training_recipe(plan: RunPlan, total_steps: int, num_processes: int) -> dict[str, Any]:
+    """How the run trains, for training_summary.json and the card: optimizer, schedule, clipping, batch, lengths."""
+    train_args, data_args = plan.train_args, plan.data_args
+    batch = train_args.per_device_train_batch_size
+    lengths = ({"block_size": data_args.block_size} if plan.objective.shift else
+               {"max_source_length": data_args.max_source_length, "max_target_length": data_args.max_target_length})
+    return {"optimizer": train_args.optimizer, "schedule": describe_schedule(train_args, total_steps),
+            "max_grad_norm": train_args.max_grad_norm or None, "label_smoothing": train_args.label_smoothing,
+            "per_device_train_batch_size": batch, "gradient_accumulation_steps": train_args.gradient_accumulation_steps,
+            "global_batch_size": batch * num_processes * train_args.gradient_accumulation_steps, **lengths}
+
+
+def training_loader(data: PreparedData, train_args: TrainArguments, accelerator: Accelerator, start: int) -> DataLoader:
     """This process's endless training batches, from global micro-batch ``start`` on (see data_order)."""
     return DataLoader(  # its own generator: iterating must not draw from the global (dropout) RNG
-        data["train"], collate_fn=data["collate"], generator=torch.Generator().manual_seed(train_args.seed),
+        data.train, collate_fn=data.collate, generator=torch.Generator().manual_seed(train_args.seed),
         batch_sampler=StepIndexedBatchSampler(
-            len(data["train"]), train_args.per_device_train_batch_size, num_processes=accelerator.num_processes,
+            len(data.train), train_args.per_device_train_batch_size, num_processes=accelerator.num_processes,
             process_index=accelerator.process_index, seed=train_args.seed, start=start,
         ),
     )
@@ -607,6 +620,7 @@ def run_summary(run: TrainingRun, state: RunState, outcome: FitOutcome) -> dict[
         "stopped_by_time_budget": outcome.stopped_by_time_budget,
         "tokens_per_second": round(state.tokens_seen / max(state.train_seconds, 1e-9), 1),
         "train_cpu_seconds": round(outcome.cpu_seconds, 2),
+        "recipe": {**run.recipe, "parameter_groups": describe_optimizer(run.optimizer)},
     }
 
 

@@ -1,5 +1,5 @@
 """What `minitx train` checks and builds before the first step: the checked arguments (a ``RunPlan``),
-the Accelerator, the tokenizer, the model-ready data, the model and its optimizer.
+the Accelerator, the tokenizer, the model-ready data (``PreparedData``) and the model.
 
 Everything here runs once per run; the loop itself (``loop.py``) never looks back at the arguments.
 """
@@ -67,7 +67,9 @@ from .checkpoints import (
 )
 from .evaluation import predicted_bytes, text_bytes
 from .loss import Objective
+from .optim import check_optimizer_arguments
 from .outputs import SUMMARY_FILE
+from .prepared import PreparedData
 from .stream_data import check_streaming_arguments, prepare_streaming_data
 
 TRACKERS = ("tensorboard", "trackio", "wandb")
@@ -274,6 +276,7 @@ def check_training_arguments(train_args: TrainArguments) -> None:
             raise ValueError(f"--{name} must be >= 0, got {getattr(train_args, name)}")
     if not 0.0 <= train_args.label_smoothing < 1.0:
         raise ValueError(f"--label_smoothing must be in [0, 1), got {train_args.label_smoothing}")
+    check_optimizer_arguments(train_args)
     if train_args.max_minutes is not None and train_args.max_minutes <= 0:
         raise ValueError(f"--max_minutes must be > 0 (or left out for no time budget), got {train_args.max_minutes}")
     if train_args.push_to_hub:
@@ -472,11 +475,11 @@ def _first_rows(split: Any, limit: int | None) -> Any:
     return split if limit is None or limit >= len(split) else split.select(range(limit))
 
 
-def prepare_data(corpus: Any, tokenizer: PreTrainedTokenizerBase, plan: RunPlan) -> dict[str, Any]:
+def prepare_data(corpus: Any, tokenizer: PreTrainedTokenizerBase, plan: RunPlan) -> PreparedData:
     """Model-ready train/validation sets, the collator, and the texts that generation is shown or scored on."""
     data_args, train_args = plan.data_args, plan.train_args
     if data_args.streaming:
-        data = {**prepare_streaming_data(corpus, tokenizer, data_args), "sources": [], "references": []}
+        data = prepare_streaming_data(corpus, tokenizer, data_args)
     elif data_args.task == "causal-lm":
         collate = block_collator(tokenizer)
         train = tokenize_and_pack(DatasetDict(train=corpus["train"]), tokenizer, data_args.block_size,
@@ -489,21 +492,19 @@ def prepare_data(corpus: Any, tokenizer: PreTrainedTokenizerBase, plan: RunPlan)
             validation = _first_rows(validation, data_args.max_eval_samples)
             num_bytes = predicted_bytes(collate(list(validation))["labels"].tolist(), tokenizer)
         prompts = [" ".join(text.split()[:6]) for text in corpus["validation"]["text"][:8] if text.strip()]
-        data = {"train": train, "validation": validation, "collate": collate, "prompts": prompts,
-                "sources": [], "references": [], "num_bytes": num_bytes}
+        data = PreparedData(train, validation, collate, prompts=prompts, num_bytes=num_bytes)
     else:
         features = preprocess_seq2seq(
             corpus, tokenizer, max_source_length=data_args.max_source_length,
             max_target_length=data_args.max_target_length, num_proc=data_args.num_proc,
         )
         pairs = _first_rows(corpus["validation"], train_args.generation_eval_samples)
-        data = {"train": features["train"], "validation": _first_rows(features["validation"], data_args.max_eval_samples),
-                "collate": seq2seq_collator(tokenizer), "sources": list(pairs["source"]),
-                "references": list(pairs["target"]), "prompts": list(corpus["validation"]["source"][:8]),
-                "num_bytes": None}
+        data = PreparedData(features["train"], _first_rows(features["validation"], data_args.max_eval_samples),
+                            seq2seq_collator(tokenizer), prompts=list(corpus["validation"]["source"][:8]),
+                            sources=list(pairs["source"]), references=list(pairs["target"]))
     if train_args.sample_prompts:
-        data["prompts"] = [p.strip() for p in train_args.sample_prompts.split("|") if p.strip()]
-    data["prompts"] = data["prompts"][: train_args.num_sample_generations]
+        data.prompts = [p.strip() for p in train_args.sample_prompts.split("|") if p.strip()]
+    data.prompts = data.prompts[: train_args.num_sample_generations]
     return data
 
 
@@ -514,7 +515,7 @@ def is_hub_dataset(dataset: str) -> bool:
     return not Path(dataset).expanduser().exists()
 
 
-# --- model and optimizer --------------------------------------------------------------------------
+# --- model --------------------------------------------------------------------------
 
 
 def build_model(config: MiniTxConfig, tokenizer: PreTrainedTokenizerBase) -> nn.Module:
@@ -528,25 +529,3 @@ def build_model(config: MiniTxConfig, tokenizer: PreTrainedTokenizerBase) -> nn.
         setattr(config, name, value)
     cls = MiniTxForConditionalGeneration if config.is_encoder_decoder else MiniTxForCausalLM
     return cls(config)
-
-
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: weight decay on matrices, none on biases, norms and embeddings."""
-    decay, no_decay, seen = [], [], set()
-    for module in model.modules():
-        kind = type(module).__name__.lower()
-        exempt = isinstance(module, (nn.Embedding, nn.LayerNorm)) or "embed" in kind or "norm" in kind
-        for param in module.parameters(recurse=False):
-            if id(param) in seen or not param.requires_grad:
-                continue
-            seen.add(id(param))
-            (no_decay if exempt or param.ndim < 2 else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def build_optimizer(model: nn.Module, train_args: TrainArguments) -> torch.optim.Optimizer:
-    """AdamW with the run's betas, epsilon and decoupled weight decay (see ``parameter_groups``)."""
-    return torch.optim.AdamW(
-        parameter_groups(model, train_args.weight_decay), lr=train_args.learning_rate,
-        betas=(train_args.adam_beta1, train_args.adam_beta2), eps=train_args.adam_epsilon,
-    )

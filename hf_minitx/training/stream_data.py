@@ -16,6 +16,7 @@ from ..data.preprocessing import block_collator
 from ..data.streaming import PackedBlockStream, held_out_blocks, load_stream_state, save_stream_state
 from .arguments import DataArguments, TrainArguments
 from .evaluation import predicted_bytes
+from .prepared import PreparedData
 
 STREAMING_EVAL_BLOCKS = 256  # validation blocks read once from the held-out rows when --max_eval_samples is unset
 
@@ -37,7 +38,7 @@ def check_streaming_arguments(data_args: DataArguments, train_args: TrainArgumen
         raise ValueError(f"--shuffle_buffer must be >= 0 blocks, got {data_args.shuffle_buffer}")
 
 
-def prepare_streaming_data(corpus: Any, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments) -> dict[str, Any]:
+def prepare_streaming_data(corpus: Any, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments) -> PreparedData:
     """The train rows (a stream), validation blocks read once from the held-out rows (the first
     ``--max_eval_samples``, default ``STREAMING_EVAL_BLOCKS``), the collator, prompts and scored bytes."""
     collate = block_collator(tokenizer)
@@ -46,22 +47,21 @@ def prepare_streaming_data(corpus: Any, tokenizer: PreTrainedTokenizerBase, data
     num_bytes = predicted_bytes(collate(list(validation))["labels"].tolist(), tokenizer)
     texts = [row["text"] for row in itertools.islice(corpus["validation"], 8)]
     prompts = [" ".join(text.split()[:6]) for text in texts if text.strip()]
-    return {"train": corpus["train"], "validation": validation, "collate": collate, "prompts": prompts,
-            "num_bytes": num_bytes}
+    return PreparedData(corpus["train"], validation, collate, prompts=prompts, num_bytes=num_bytes)
 
 
 def streaming_train_batches(
-    data: dict[str, Any], tokenizer: PreTrainedTokenizerBase, data_args: DataArguments, train_args: TrainArguments,
+    data: PreparedData, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments, train_args: TrainArguments,
     accelerator: Accelerator, checkpoint: Path | None,
 ) -> tuple[Iterator[dict[str, torch.Tensor]], PackedBlockStream]:
     """This process's endless (batch, block) train batches and their stream, continued from the position
     saved in ``checkpoint`` (if any)."""
     stream = PackedBlockStream(
-        data["train"], tokenizer, data_args.block_size, shuffle_buffer=data_args.shuffle_buffer,
+        data.train, tokenizer, data_args.block_size, shuffle_buffer=data_args.shuffle_buffer,
         seed=train_args.seed, num_processes=accelerator.num_processes, process_index=accelerator.process_index)
     if checkpoint is not None:
         restore_stream_position(stream, checkpoint, accelerator.process_index)
-    return stream.batches(train_args.per_device_train_batch_size, data["collate"]), stream
+    return stream.batches(train_args.per_device_train_batch_size, data.collate), stream
 
 
 def save_stream_position(position: dict[str, Any], checkpoint: Path, process_index: int) -> None:

@@ -489,3 +489,26 @@ def test_tokenizer_loads_in_a_clean_environment_as_the_card_says(causal_copy, tm
     card = render_model_card(causal_copy)
     assert "AutoTokenizer.from_pretrained(repo, trust_remote_code=True)" in card
     assert "PreTrainedTokenizerFast.from_pretrained(repo)" in card and "loads it without custom code" not in card
+
+
+def test_card_records_the_training_recipe(causal_copy):
+    from hf_minitx.training.arguments import TrainArguments
+    from hf_minitx.training.optim import build_optimizer, describe_optimizer, describe_schedule
+
+    model = MiniTxForCausalLM.from_pretrained(causal_copy)
+    args = TrainArguments(optimizer="muon", lr_scheduler_type="warmup_stable_decay", warmup_steps=10,
+                          decay_ratio=0.2, muon_learning_rate=0.03)
+    recipe = {"optimizer": "muon", "schedule": describe_schedule(args, 120), "global_batch_size": 32,
+              "per_device_train_batch_size": 16, "gradient_accumulation_steps": 2, "block_size": 128,
+              "max_grad_norm": 1.0, "parameter_groups": describe_optimizer(build_optimizer(model, args))}
+    _write_records(causal_copy, "causal-lm", CAUSAL_METRICS, recipe=recipe)
+    text = render_model_card(causal_copy, repo_id="alice/tiny")
+    muon = recipe["parameter_groups"][0]
+    assert "| Optimizer | `muon` |" in text
+    assert (f"| Group `muon` | Muon, peak lr 0.03, weight decay 0, {muon['tensors']} tensors, "
+            f"{muon['parameters']:,} parameters |") in text
+    assert f"| Group `adamw_no_decay` | AdamW, peak lr {args.learning_rate:g}, weight decay 0," in text
+    assert ("| Schedule | `warmup_stable_decay`, 10 warmup steps, 120 steps, linear decay over the last 24 to 0 x "
+            "peak |") in text
+    assert "| Batch | 32 rows per optimizer step (16 per process x 2 accumulation) |" in text
+    assert "| Block size | 128 tokens |" in text and "| Gradient clipping | 1 |" in text

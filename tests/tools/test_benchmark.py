@@ -14,7 +14,8 @@ from hf_minitx.tools.benchmark import WORKLOADS, BenchmarkShape, count_parameter
 
 TINY = ["--vocab-size", "64", "--context", "16", "--layers", "2", "--hidden", "32", "--heads", "2",
         "--batch", "2", "--seq2seq-len", "8", "--prompt-len", "4", "--new-tokens", "6", "--rounds", "2",
-        "--warmup", "0", "--no-data-prep", "--compile-backend", "eager"]  # the compiled rows, without inductor's wait
+        "--warmup", "0", "--no-data-prep", "--no-quality",
+        "--compile-backend", "eager"]  # the compiled rows, without inductor's wait
 
 
 @pytest.fixture(scope="module")
@@ -156,4 +157,4 @@ def test_data_preparation_section_compares_both_recipes_on_the_same_text():
 ])
 def test_bad_benchmark_options_are_refused_before_work(argv, message):
     with pytest.raises(ValueError, match=message):
-        benchmark.main(["--quick", "--no_memory", "--no_data_prep", *argv])
+        benchmark.main(["--quick", "--no_memory", "--no_data_prep", "--no_quality", *argv])

@@ -162,3 +162,23 @@ def test_copy_task_learned_with_diagonal_cross_attention(tmp_path):
     last_layer = data["cross"][-1].mean(0)  # (target, source), averaged over heads
     # predicting output token t, the model looks at source token t
     assert np.array_equal(last_layer.argmax(-1), np.arange(len(source.split()) + 1))
+
+
+def test_compare_adamw_and_muon_side_by_side(tmp_path, capsys):
+    import hf_minitx.tools.experiments as cli  # `minitx experiment --compare optimizer adamw muon`
+
+    argv = [f"--{k}={v}" for k, v in TINY.items() if k != "stop_at_exact_match"]
+    summaries = cli.main([*argv, "--stop_at_exact_match", "none", "--compare", "optimizer", "adamw", "muon",
+                          "--output_dir", str(tmp_path)])
+    assert list(summaries) == ["optimizer=adamw", "optimizer=muon"]
+    adamw, muon = (summaries[f"optimizer={name}"]["recipe"] for name in ("adamw", "muon"))
+    assert adamw["optimizer"] == "adamw" and {g["optimizer"] for g in adamw["parameter_groups"]} == {"AdamW"}
+    assert muon["optimizer"] == "muon" and muon["parameter_groups"][0]["optimizer"] == "Muon"
+    assert muon["parameter_groups"][0]["learning_rate"] == ExperimentConfig().muon_learning_rate
+    saved = json.loads((tmp_path / "optimizer-muon" / "training_summary.json").read_text())
+    assert saved["recipe"]["parameter_groups"] == muon["parameter_groups"]
+    last = [viz.read_metrics(tmp_path / f"optimizer-{v}")["train_loss"][-1] for v in ("adamw", "muon")]
+    assert last[0] != last[1]  # same data and seed, different optimizers
+    assert (tmp_path / "comparison.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="optimizer='sgd' is not known"):
+        ExperimentConfig(optimizer="sgd")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -14,25 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from safetensors.torch import load_file
+from conftest import assert_same_weights, kill_then_resume
 
 from hf_minitx.training.loop import main
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
        "TOKENIZERS_PARALLELISM": "false"}
-# Run the training, and SIGKILL the process right after its first checkpoint is complete (kill -9).
-KILL_AFTER_FIRST_CHECKPOINT = """
-import os, signal, sys
-import hf_minitx.training.loop as loop
-original = loop.rotate_checkpoints
-def rotate_then_die(*args, **kwargs):
-    original(*args, **kwargs)
-    os.kill(os.getpid(), signal.SIGKILL)
-loop.rotate_checkpoints = rotate_then_die
-loop.main(sys.argv[1:])
-"""
 
 
 @pytest.fixture(scope="module")
@@ -72,19 +59,12 @@ def test_streaming_without_max_steps_is_one_clear_error(corpus, tmp_path):
 def test_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_run(corpus, tmp_path):
     extra = ("--max_steps", "6", "--checkpointing_steps", "3", "--gradient_accumulation_steps", "2")
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    train = [sys.executable, "-m", "hf_minitx", "train"]
-    subprocess.run([*train, *stream_args(corpus, straight, *extra)], check=True, env=ENV, cwd=REPO, timeout=300)
-    died = subprocess.run([sys.executable, "-c", KILL_AFTER_FIRST_CHECKPOINT, *stream_args(corpus, killed, *extra)],
-                          env=ENV, cwd=REPO, timeout=300, capture_output=True)
-    assert died.returncode == -signal.SIGKILL, died.stderr.decode()[-2000:]
-    assert (killed / "checkpoint-3" / "stream_state_0.npz").is_file() and not (killed / "model.safetensors").exists()
-    subprocess.run([*train, *stream_args(corpus, killed, *extra, "--resume_from_checkpoint", "latest")],
-                   check=True, env=ENV, cwd=REPO, timeout=300)
 
-    a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
-    assert a.keys() == b.keys()
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
+    def after_the_kill(folder: Path) -> None:
+        assert (folder / "checkpoint-3" / "stream_state_0.npz").is_file() and not (folder / "model.safetensors").exists()
+
+    kill_then_resume(lambda folder: stream_args(corpus, folder, *extra), straight, killed, ENV, REPO, after_the_kill)
+    assert_same_weights(straight, killed)
     assert [r["loss"] for r in train_records(straight)] == [r["loss"] for r in train_records(killed)]
 
 

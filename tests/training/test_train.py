@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_same_weights, kill_then_resume
 from safetensors.torch import load_file
 
 from hf_minitx.training.arguments import parse_training_args
@@ -160,6 +161,21 @@ def test_saved_folder_loads_with_auto_classes_and_generates(causal_run):
     assert summary["hub_dataset"] is False and summary["mixed_precision"] == "no"
 
 
+@pytest.mark.slow
+def test_summary_records_the_recipe(causal_run):
+    summary = json.loads((causal_run / "training_summary.json").read_text())
+    recipe = summary["recipe"]
+    defaults = parse_training_args([])[2]
+    assert recipe["optimizer"] == defaults.optimizer
+    assert recipe["schedule"]["type"] == defaults.lr_scheduler_type and recipe["schedule"]["total_steps"] == 30
+    assert (recipe["block_size"], recipe["per_device_train_batch_size"], recipe["global_batch_size"]) == (32, 8, 8)
+    assert recipe["max_grad_norm"] == 1.0
+    groups = recipe["parameter_groups"]
+    assert sum(g["parameters"] for g in groups) == summary["num_parameters"]  # every parameter, once
+    assert all({"name", "optimizer", "learning_rate", "weight_decay", "tensors"} <= set(g) for g in groups)
+    assert summary["tokens_seen"] == 30 * 8 * 32
+
+
 # --- exact resume --------------------------------------------------------------------------------
 
 
@@ -195,6 +211,29 @@ def test_resume_gives_the_same_weights_as_a_straight_run(text_file, tmp_path):
     assert [r["loss"] for r in records(straight, "train")] == [r["loss"] for r in records(resumed, "train")]
 
 
+@pytest.mark.slow
+def test_muon_and_wsd_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_run(text_file, tmp_path):
+    """Muon + AdamW (both states in the checkpoint) and the WSD schedule: SIGKILL after checkpoint-3, resume."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    extra = ("--max_steps", "6", "--checkpointing_steps", "3", "--optimizer", "muon", "--lr_scheduler_type",
+             "warmup_stable_decay", "--decay_ratio", "0.5", "--config_overrides",
+             "hidden_size=32,intermediate_size=64,max_position_embeddings=64,hidden_dropout=0.1,tie_word_embeddings=false")
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+
+    def both_states_saved(folder: Path) -> None:
+        saved = torch.load(folder / "checkpoint-3" / "optimizer.bin", weights_only=False)
+        assert set(saved) == {"muon", "adamw"} and saved["muon"]["state"] and saved["adamw"]["state"]
+
+    kill_then_resume(lambda folder: causal_args(text_file, folder, *extra), straight, killed, env, REPO,
+                     both_states_saved)
+    assert_same_weights(straight, killed)
+    assert [r["loss"] for r in records(straight, "train")] == [r["loss"] for r in records(killed, "train")]
+    assert [r["learning_rate"] for r in records(straight, "train")] == [
+        r["learning_rate"] for r in records(killed, "train")]
+    train = records(straight, "train")
+    assert train[-1]["loss"] < train[0]["loss"] and train[2]["learning_rate"] > 0  # it learns: the schedule reaches Muon
+
+
 # --- two processes -------------------------------------------------------------------------------
 
 
@@ -207,7 +246,7 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_two_processes_match_one_process_at_the_same_global_batch(text_file, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    common = ("--max_steps", "5", "--eval_steps", "5", "--gradient_accumulation_steps", "2")
+    common = ("--max_steps", "5", "--eval_steps", "5", "--gradient_accumulation_steps", "2", "--optimizer", "muon")
     one = tmp_path / "one"
     two = tmp_path / "two"
     subprocess.run([sys.executable, "-m", "hf_minitx", "train",

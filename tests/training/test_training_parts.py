@@ -1,4 +1,4 @@
-"""The pieces under the training loop: data order, token-count loss, weight-decay groups, presets,
+"""The pieces under the training loop: data order, token-count loss, presets,
 checkpoint bookkeeping, device/dtype choice."""
 
 from __future__ import annotations
@@ -7,9 +7,7 @@ import json
 
 import pytest
 import torch
-from torch import nn
 
-from hf_minitx import MiniTxForCausalLM
 from hf_minitx.device import pick_device, pick_dtype
 from hf_minitx.models.modeling_minitx import token_cross_entropy
 from hf_minitx.training.arguments import available_presets, load_preset, parse_config_overrides
@@ -18,7 +16,6 @@ from hf_minitx.training.data_order import StepIndexedBatchSampler
 from hf_minitx.training.evaluation import exact_match
 from hf_minitx.training.loss import Objective, count_label_tokens, sequence_cross_entropy
 from hf_minitx.training.outputs import append_metrics, truncate_metrics
-from hf_minitx.training.prepare import parameter_groups
 
 
 def _take(sampler, n):
@@ -71,18 +68,6 @@ def test_label_smoothing_raises_the_loss_of_confident_predictions():
     plain = Objective(shift=False).summed_loss(logits, labels)
     smooth = Objective(shift=False, label_smoothing=0.1).summed_loss(logits, labels)
     assert smooth > plain + 1.0
-
-
-def test_weight_decay_skips_biases_norms_and_embeddings(make_config):
-    model = MiniTxForCausalLM(make_config(position_embedding_type="learned"))
-    decay, no_decay = parameter_groups(model, 0.1)
-    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
-    decayed = {id(p) for p in decay["params"]}
-    for name, param in model.named_parameters():
-        expect_decay = param.ndim == 2 and "embed" not in name and "norm" not in name
-        assert (id(param) in decayed) == expect_decay, name
-    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
-    assert any(isinstance(m, nn.LayerNorm) for m in model.modules())
 
 
 def test_presets_are_valid_and_overrides_parse():

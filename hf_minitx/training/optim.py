@@ -1,0 +1,262 @@
+"""The optimizer and the learning-rate schedule of a run, built in one place.
+
+    build_optimizer(model, args)                      -> AdamW, or Muon + AdamW as one optimizer
+    build_scheduler(optimizer, args, total_steps)     -> a transformers schedule, stepped once per optimizer step
+    describe_optimizer(optimizer)                     -> the groups (lr, weight decay, parameter count) for the record
+
+Parameters fall into three kinds (``partition_parameters``), each exactly once:
+
+- ``matrices``: the 2-D weights inside the blocks (attention and feed-forward projections);
+- ``head``: an untied output head (a tied one *is* the token embedding);
+- ``no_decay``: embeddings (tokens, learned positions), norm weights and every bias.
+
+``adamw``: AdamW on all of them, weight decay on ``matrices`` and ``head``. ``muon``: torch's ``torch.optim.Muon``
+(``Muon`` below: float32 orthogonalisation on a CPU) on ``matrices`` (momentum, then the update orthogonalised by Newton-Schulz iterations), AdamW on the rest. A new
+optimizer is one entry of ``OPTIMIZERS``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from transformers import get_scheduler, get_wsd_schedule
+
+
+class OptimizerArguments(Protocol):
+    """The fields of TrainArguments the optimizer and the schedule read."""
+
+    optimizer: str
+    learning_rate: float
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_epsilon: float
+    muon_learning_rate: float
+    muon_momentum: float
+    muon_weight_decay: float
+    lr_scheduler_type: str
+    warmup_steps: int
+    decay_ratio: float
+    min_lr_ratio: float
+
+
+def partition_parameters(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """{"matrices", "head", "no_decay"}: every trainable parameter of ``model`` in exactly one list.
+
+    Embeddings and norms are recognised by module type (``nn.Embedding``, ``nn.LayerNorm``) or by a class name
+    holding "embed" or "norm" (RMSNorm, rotary tables); the head is ``model.get_output_embeddings()`` when it
+    is not tied to the input embeddings.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_ids = {id(p) for p in head.parameters()} if head is not None else set()
+    groups: dict[str, list[nn.Parameter]] = {"matrices": [], "head": [], "no_decay": []}
+    seen: set[int] = set()
+    for module in model.modules():
+        kind = type(module).__name__.lower()
+        exempt = isinstance(module, (nn.Embedding, nn.LayerNorm)) or "embed" in kind or "norm" in kind
+        for param in module.parameters(recurse=False):
+            if id(param) in seen or not param.requires_grad:
+                continue
+            seen.add(id(param))
+            if exempt or param.ndim < 2:
+                groups["no_decay"].append(param)
+            elif id(param) in head_ids:
+                groups["head"].append(param)
+            else:
+                groups["matrices"].append(param)
+    return groups
+
+
+class Muon(torch.optim.Muon):
+    """torch's ``torch.optim.Muon`` (its groups, momentum buffers and checkpoint format), with the orthogonalisation
+    in float32 on a CPU.
+
+    Each step, per matrix: momentum ``buf = mu * buf + (1 - mu) * grad``, the Nesterov update
+    ``grad + mu * (buf - grad)``, five Newton-Schulz iterations that replace the update by the nearest
+    semi-orthogonal matrix (all its singular values near 1), then ``p -= lr * sqrt(max(1, rows / cols)) * update``
+    after decoupled weight decay. torch runs the iterations in bfloat16, which is fast on GPUs but 20-40x slower
+    than float32 on CPUs without bfloat16 units (measured at width 128: README, "Muon's cost on a CPU"); off the
+    CPU this class is torch's Muon unchanged.
+    """
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        if any(p.device.type != "cpu" for group in self.param_groups for p in group["params"]):
+            return super().step(closure)
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            params, grads, buffers = [], [], []
+            self._init_group(group, params, grads, buffers)
+            mu, lr = group["momentum"], float(group["lr"])
+            for param, grad, buffer in zip(params, grads, buffers, strict=True):
+                buffer.lerp_(grad, 1 - mu)
+                update = grad.lerp(buffer, mu) if group["nesterov"] else buffer
+                update = newton_schulz(update.float(), group["ns_coefficients"], group["ns_steps"], group["eps"])
+                rows, cols = param.shape
+                param.mul_(1 - lr * group["weight_decay"])
+                param.add_(update.to(param.dtype), alpha=-lr * math.sqrt(max(1.0, rows / cols)))
+        return loss
+
+
+def newton_schulz(matrix: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
+                  eps: float) -> torch.Tensor:
+    """An approximately semi-orthogonal matrix with the singular vectors of ``matrix`` (rows, cols), by the
+    quintic Newton-Schulz iteration X <- aX + (bA + cA^2)X, A = XX^T, on the wide orientation."""
+    a, b, c = coefficients
+    wide = matrix.T if matrix.size(0) > matrix.size(1) else matrix  # (short, long): the Gram matrix stays small
+    x = wide / wide.norm().clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
+    for _ in range(steps):
+        gram = x @ x.T  # (short, short)
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if matrix.size(0) > matrix.size(1) else x
+
+
+class CombinedOptimizer(torch.optim.Optimizer):
+    """Several torch optimizers stepped as one: one object for ``accelerator.prepare``, the checkpoint
+    (``state_dict`` holds each part's state under its name) and the schedule.
+
+    ``param_groups`` are read from the parts at every access (loading a state replaces a part's group dicts), so a
+    schedule that sets ``group["lr"]`` always sets it in the part that owns the group.
+    """
+
+    def __init__(self, parts: dict[str, torch.optim.Optimizer]) -> None:
+        self.parts = parts
+        super().__init__([{"params": [torch.zeros(0)]}], {})  # hooks and bookkeeping; the groups are the parts'
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [group for part in self.parts.values() for group in part.param_groups]
+
+    @param_groups.setter
+    def param_groups(self, value: Any) -> None:
+        pass  # set by Optimizer.__init__; the parts own the groups
+
+    @property
+    def state(self) -> dict:  # read-only merged view: each part keeps its own state
+        return {p: s for part in self.parts.values() for p, s in part.state.items()}
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        pass  # set by Optimizer.__init__; the parts own the state
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = closure() if closure is not None else None
+        for part in self.parts.values():
+            part.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.parts.values():
+            part.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: part.state_dict() for name, part in self.parts.items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        missing = sorted(set(self.parts) - set(state_dict))
+        if missing:
+            raise ValueError(f"the saved optimizer state lacks {missing}: it was saved by another --optimizer")
+        for name, part in self.parts.items():
+            part.load_state_dict(state_dict[name])
+
+
+def _adamw(groups: list[dict[str, Any]], args: OptimizerArguments) -> torch.optim.AdamW:
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=args.learning_rate,
+                             betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+
+
+def _named(name: str, params: list[nn.Parameter], **settings: Any) -> dict[str, Any]:
+    return {"params": params, "name": name, **settings}
+
+
+def adamw_optimizer(model: nn.Module, args: OptimizerArguments) -> torch.optim.Optimizer:
+    """AdamW everywhere: decoupled weight decay on the matrices and an untied head, none elsewhere."""
+    kinds = partition_parameters(model)
+    return _adamw([_named("adamw_decay", kinds["matrices"] + kinds["head"], weight_decay=args.weight_decay),
+                   _named("adamw_no_decay", kinds["no_decay"], weight_decay=0.0)], args)
+
+
+def muon_optimizer(model: nn.Module, args: OptimizerArguments) -> torch.optim.Optimizer:
+    """Muon on the hidden matrices (``--muon_learning_rate``), AdamW on the head (decayed) and on embeddings,
+    norms and biases (``--learning_rate``)."""
+    kinds = partition_parameters(model)
+    if not kinds["matrices"]:
+        raise ValueError("--optimizer muon found no hidden 2-D matrix to optimise; use --optimizer adamw")
+    muon = Muon([_named("muon", kinds["matrices"])], lr=args.muon_learning_rate,
+                            momentum=args.muon_momentum, weight_decay=args.muon_weight_decay)
+    adamw = _adamw([_named("adamw_head", kinds["head"], weight_decay=args.weight_decay),
+                    _named("adamw_no_decay", kinds["no_decay"], weight_decay=0.0)], args)
+    return CombinedOptimizer({"muon": muon, "adamw": adamw})
+
+
+OPTIMIZERS: dict[str, Callable[[nn.Module, OptimizerArguments], torch.optim.Optimizer]] = {
+    "adamw": adamw_optimizer,
+    "muon": muon_optimizer,
+}
+
+
+def build_optimizer(model: nn.Module, args: OptimizerArguments) -> torch.optim.Optimizer:
+    """The optimizer ``args.optimizer`` names (see ``OPTIMIZERS``), over every trainable parameter once."""
+    if args.optimizer not in OPTIMIZERS:
+        raise ValueError(f"--optimizer {args.optimizer!r} is not known; choose one of {sorted(OPTIMIZERS)}")
+    return OPTIMIZERS[args.optimizer](model, args)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, args: OptimizerArguments,
+                    total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """transformers' schedule ``args.lr_scheduler_type`` over ``total_steps`` optimizer steps; every group's
+    learning rate follows it from its own peak.
+
+    ``warmup_stable_decay``: linear warmup, the peak held, then a linear decay to ``min_lr_ratio`` x peak over the
+    last ``decay_ratio`` of the steps (``transformers.get_wsd_schedule``).
+    """
+    if args.lr_scheduler_type == "warmup_stable_decay":
+        decay = max(1, round(args.decay_ratio * total_steps))
+        return get_wsd_schedule(optimizer, num_warmup_steps=min(args.warmup_steps, max(0, total_steps - decay)),
+                                num_decay_steps=decay, num_training_steps=total_steps, decay_type="linear",
+                                min_lr_ratio=args.min_lr_ratio)
+    return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
+                         num_training_steps=total_steps)
+
+
+def check_optimizer_arguments(args: OptimizerArguments) -> None:
+    """Learning rates positive, ratios in range (before any work)."""
+    if args.optimizer not in OPTIMIZERS:
+        raise ValueError(f"--optimizer {args.optimizer!r} is not known; choose one of {sorted(OPTIMIZERS)}")
+    for name in ("learning_rate", "muon_learning_rate"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name} must be > 0, got {getattr(args, name)}")
+    for name in ("decay_ratio", "min_lr_ratio"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            raise ValueError(f"--{name} must be in [0, 1], got {getattr(args, name)}")
+    if not 0.0 <= args.muon_momentum < 1.0:
+        raise ValueError(f"--muon_momentum must be in [0, 1), got {args.muon_momentum}")
+
+
+def describe_optimizer(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """One record per parameter group: name, optimizer, peak lr, weight decay, tensors and parameters."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds ours
+    parts = inner.parts if isinstance(inner, CombinedOptimizer) else {type(inner).__name__.lower(): inner}
+    return [{"name": group.get("name", f"{kind}_{i}"), "optimizer": type(part).__name__,
+             "learning_rate": group.get("initial_lr", group["lr"]), "weight_decay": group["weight_decay"],
+             "tensors": len(group["params"]), "parameters": _count(group["params"])}
+            for kind, part in parts.items() for i, group in enumerate(part.param_groups)]
+
+
+def _count(params: Iterable[torch.Tensor]) -> int:
+    return sum(p.numel() for p in params)
+
+
+def describe_schedule(args: OptimizerArguments, total_steps: int) -> dict[str, Any]:
+    """The schedule as a record: its type, warmup and total steps (and, for WSD, the decay)."""
+    record: dict[str, Any] = {"type": args.lr_scheduler_type, "warmup_steps": args.warmup_steps,
+                              "total_steps": total_steps}
+    if args.lr_scheduler_type == "warmup_stable_decay":
+        record.update(decay_steps=max(1, round(args.decay_ratio * total_steps)), decay_ratio=args.decay_ratio,
+                      min_lr_ratio=args.min_lr_ratio)
+    return record

@@ -1,0 +1,234 @@
+"""The optimizer and the schedule (hf_minitx.training.optim): parameter groups, Muon + AdamW as one optimizer,
+its checkpoint round trip, the warmup-stable-decay shape, and clear errors."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+from hf_minitx import MiniTxForCausalLM
+from hf_minitx.training.arguments import TrainArguments
+from hf_minitx.training.optim import (
+    CombinedOptimizer,
+    build_optimizer,
+    build_scheduler,
+    check_optimizer_arguments,
+    describe_optimizer,
+    describe_schedule,
+    partition_parameters,
+)
+
+
+def _model(make_config, **overrides) -> MiniTxForCausalLM:
+    torch.manual_seed(0)
+    return MiniTxForCausalLM(make_config(position_embedding_type="learned", **overrides))
+
+
+def _groups(optimizer) -> dict[str, dict]:
+    return {g["name"]: g for g in optimizer.param_groups}
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_adamw_decays_matrices_and_an_untied_head_only(make_config, tied):
+    model = _model(make_config, tie_word_embeddings=tied)
+    args = TrainArguments(optimizer="adamw", learning_rate=3e-3, weight_decay=0.1)
+    groups = _groups(build_optimizer(model, args))
+    assert set(groups) == {"adamw_decay", "adamw_no_decay"}
+    decayed = {id(p) for p in groups["adamw_decay"]["params"]}
+    for name, param in model.named_parameters():
+        expect = param.ndim == 2 and "embed" not in name and "norm" not in name
+        assert (id(param) in decayed) == expect, name
+    assert (groups["adamw_decay"]["weight_decay"], groups["adamw_no_decay"]["weight_decay"]) == (0.1, 0.0)
+    assert {g["lr"] for g in groups.values()} == {3e-3}
+    assert any(isinstance(m, nn.LayerNorm) for m in model.modules())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest_each_parameter_once(make_config, tied):
+    model = _model(make_config, tie_word_embeddings=tied)
+    args = TrainArguments(optimizer="muon", learning_rate=3e-3, muon_learning_rate=0.05, weight_decay=0.1,
+                          muon_weight_decay=0.01)
+    optimizer = build_optimizer(model, args)
+    assert isinstance(optimizer, CombinedOptimizer)
+    assert isinstance(optimizer.parts["muon"], torch.optim.Muon) and isinstance(optimizer.parts["adamw"], torch.optim.AdamW)
+    groups = _groups(optimizer)
+    ids = [id(p) for g in optimizer.param_groups for p in g["params"]]
+    assert sorted(ids) == sorted(id(p) for p in model.parameters())  # every parameter exactly once
+    by_id = {id(p): name for name, p in model.named_parameters()}
+    muon = {by_id[id(p)] for p in groups["muon"]["params"]}
+    assert muon and all("embed" not in n and "norm" not in n and "lm_head" not in n for n in muon)
+    assert all(model.get_parameter(n).ndim == 2 for n in muon)
+    assert (groups["muon"]["lr"], groups["muon"]["weight_decay"]) == (0.05, 0.01)
+    assert groups["adamw_no_decay"]["lr"] == 3e-3 and groups["adamw_no_decay"]["weight_decay"] == 0.0
+    head = [by_id[id(p)] for p in groups.get("adamw_head", {"params": []})["params"]]
+    assert head == ([] if tied else ["lm_head.weight"])
+    if not tied:
+        assert groups["adamw_head"]["weight_decay"] == 0.1
+
+
+def test_described_groups_count_every_parameter(make_config):
+    model = _model(make_config, tie_word_embeddings=False)
+    records = describe_optimizer(build_optimizer(model, TrainArguments(optimizer="muon")))
+    assert [r["optimizer"] for r in records] == ["Muon", "AdamW", "AdamW"]
+    assert sum(r["parameters"] for r in records) == sum(p.numel() for p in model.parameters())
+    assert records[0]["learning_rate"] == TrainArguments().muon_learning_rate
+
+
+def _step(model, optimizer, seed):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, model.config.vocab_size, (2, 8), generator=generator)
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def test_combined_state_round_trips_so_training_continues_identically(make_config):
+    args = TrainArguments(optimizer="muon", learning_rate=1e-2)
+    model = _model(make_config, tie_word_embeddings=False)
+    optimizer = build_optimizer(model, args)
+    scheduler = build_scheduler(optimizer, replace(args, warmup_steps=1), 10)
+    for seed in range(3):
+        _step(model, optimizer, seed)
+        scheduler.step()
+    saved_model, saved_opt = copy.deepcopy(model.state_dict()), torch.load(_save(optimizer), weights_only=False)
+    assert set(saved_opt) == {"muon", "adamw"} and saved_opt["muon"]["state"]  # Muon's momentum buffers are kept
+    for seed in (3, 4):
+        _step(model, optimizer, seed)
+
+    other = _model(make_config, tie_word_embeddings=False)
+    other.load_state_dict(saved_model)
+    restored = build_optimizer(other, args)
+    restored.load_state_dict(saved_opt)
+    for group, stored in zip(restored.param_groups, optimizer.param_groups, strict=True):
+        group["lr"] = stored["lr"]  # the scheduler's state is restored separately
+    for seed in (3, 4):
+        _step(other, restored, seed)
+    for (name, a), b in zip(model.state_dict().items(), other.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="another --optimizer"):
+        restored.load_state_dict({"adamw": saved_opt["adamw"]})
+
+
+def _save(optimizer):
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(optimizer.state_dict(), buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_warmup_stable_decay_warms_up_holds_then_decays_linearly(make_config):
+    args = TrainArguments(optimizer="muon", lr_scheduler_type="warmup_stable_decay", warmup_steps=10,
+                          decay_ratio=0.25, min_lr_ratio=0.1, learning_rate=2e-3, muon_learning_rate=0.04)
+    optimizer = build_optimizer(_model(make_config), args)
+    scheduler = build_scheduler(optimizer, args, 100)
+    lrs = []
+    for _ in range(100):
+        lrs.append([g["lr"] for g in optimizer.param_groups])
+        optimizer.step()
+        scheduler.step()
+    muon = [lr[0] for lr in lrs]
+    assert muon[0] == pytest.approx(0.1 * 0.04) and muon[5] == pytest.approx(0.04 * (0.1 + 0.9 * 0.5))
+    assert all(lr == pytest.approx(0.04) for lr in muon[10:75])  # stable: warmup 10, decay the last 25
+    assert muon[75 + 10] == pytest.approx(0.04 * (0.1 + 0.9 * (1 - 10 / 25)))  # linear decay
+    assert muon[99] > 0.04 * 0.1 and muon[99] < muon[98]
+    assert all(abs(a[-1] / a[0] - 2e-3 / 0.04) < 1e-9 for a in lrs)  # every group follows from its own peak
+    assert describe_schedule(args, 100) == {"type": "warmup_stable_decay", "warmup_steps": 10, "total_steps": 100,
+                                            "decay_steps": 25, "decay_ratio": 0.25, "min_lr_ratio": 0.1}
+
+
+def test_partition_puts_norms_embeddings_and_biases_out_of_decay(make_config):
+    model = _model(make_config, tie_word_embeddings=False)
+    kinds = partition_parameters(model)
+    assert sum(len(v) for v in kinds.values()) == len(list(model.parameters()))
+    assert all(p.ndim == 2 for p in kinds["matrices"]) and kinds["head"] == [model.lm_head.weight]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"optimizer": "sgd"}, "--optimizer 'sgd' is not known"),
+    ({"muon_learning_rate": 0.0}, "--muon_learning_rate must be > 0"),
+    ({"decay_ratio": 1.5}, "--decay_ratio must be in"),
+    ({"muon_momentum": 1.0}, "--muon_momentum must be in"),
+])
+def test_bad_optimizer_arguments_are_refused(change, message):
+    with pytest.raises(ValueError, match=message):
+        check_optimizer_arguments(replace(TrainArguments(), **change))
+
+
+def test_muon_step_is_torchs_muon_with_float32_orthogonalisation(monkeypatch):
+    import torch.optim._muon as torch_muon
+
+    from hf_minitx.training.optim import Muon, newton_schulz
+
+    # torch orthogonalises in bfloat16; given the same float32 iteration, its step and ours are the same
+    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz",
+                        lambda grad, coefficients, steps, eps: newton_schulz(grad.float(), coefficients, steps, eps))
+    torch.manual_seed(0)
+    ours, theirs = (nn.Parameter(torch.randn(48, 16)) for _ in range(2))
+    theirs.data.copy_(ours.data)
+    opt_ours, opt_theirs = Muon([ours], lr=0.02, weight_decay=0.1), torch.optim.Muon([theirs], lr=0.02, weight_decay=0.1)
+    for _ in range(3):
+        grad = torch.randn(48, 16)
+        ours.grad, theirs.grad = grad.clone(), grad.clone()
+        opt_ours.step()
+        opt_theirs.step()
+    assert torch.equal(ours, theirs)
+    assert opt_ours.state_dict()["state"][0]["momentum_buffer"].equal(opt_theirs.state_dict()["state"][0]["momentum_buffer"])
+    singular = torch.linalg.svdvals(newton_schulz(torch.randn(64, 24), (3.4445, -4.775, 2.0315), 5, 1e-7))
+    assert singular.min() > 0.5 and singular.max() < 1.5  # semi-orthogonal, up to the iteration's slack
+
+
+def test_the_schedule_reaches_both_parts_after_accelerate_prepares_and_reloads_them(make_config):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    args = TrainArguments(optimizer="muon", warmup_steps=4, learning_rate=1e-3, muon_learning_rate=0.02)
+    model = _model(make_config)
+    optimizer = build_optimizer(model, args)
+    scheduler = build_scheduler(optimizer, args, 10)  # built before prepare, as the training loop does
+    model, prepared = Accelerator(cpu=True).prepare(model, optimizer)  # prepare reloads the state: new group dicts
+    prepared.load_state_dict(prepared.state_dict())
+    for step in range(1, 4):
+        prepared.step()
+        scheduler.step()
+        used = {name: part.param_groups[0]["lr"] for name, part in optimizer.parts.items()}
+        assert used == pytest.approx({"muon": 0.02 * step / 4, "adamw": 1e-3 * step / 4})
+
+
+def test_gpt2_style_preset_brings_back_adamw_and_cosine_under_the_command_line(tmp_path):
+    import json
+
+    from hf_minitx.training.arguments import load_preset, parse_training_args, preset_training
+
+    model_args, _, train = parse_training_args(["--preset", "gpt2-style"])
+    assert (train.optimizer, train.lr_scheduler_type, train.learning_rate, train.warmup_steps) == (
+        "adamw", "cosine", 1e-3, 100)
+    assert load_preset("gpt2-style")["position_embedding_type"] == "learned"  # the training key is not a config field
+    _, _, train = parse_training_args(["--preset", "gpt2-style", "--learning_rate", "0.004"])
+    assert (train.optimizer, train.learning_rate) == ("adamw", 0.004)  # the command line wins
+    args_file = tmp_path / "run.json"
+    args_file.write_text(json.dumps({"preset": "gpt2-style", "warmup_steps": 7}))
+    _, _, train = parse_training_args([str(args_file)])
+    assert (train.optimizer, train.warmup_steps) == ("adamw", 7)  # so does an arguments file
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hidden_size": 32, "training": {"optimiser": "adamw"}}))
+    with pytest.raises(ValueError, match="unknown training argument.*optimiser"):
+        preset_training(str(bad))
+
+
+def test_groups_with_the_modern_architecture_options(make_config):
+    model = _model(make_config, norm_type="rmsnorm", qk_norm=True, hidden_act="swiglu", tie_word_embeddings=False,
+                   zero_init_head=True)
+    optimizer = build_optimizer(model, TrainArguments(optimizer="muon"))
+    groups = {g["name"]: {n for n, p in model.named_parameters() if any(p is q for q in g["params"])}
+              for g in optimizer.param_groups}
+    assert sum(len(names) for names in groups.values()) == len(list(model.parameters()))
+    assert any("gate_proj" in n for n in groups["muon"]) and any("q_norm" in n for n in groups["adamw_no_decay"])
+    assert not any("norm" in n or "embed" in n for n in groups["muon"]) and groups["adamw_head"] == {"lm_head.weight"}
