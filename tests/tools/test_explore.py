@@ -174,7 +174,7 @@ def test_max_checkpoints_spreads_from_first_to_last():
 
 @pytest.mark.parametrize("case", ["not-a-model", "run-without-checkpoints", "text-too-long", "seq2seq-no-target",
                                   "target-for-decoder-only", "not-html", "another-models-run", "damaged-checkpoint",
-                                  "out-under-a-file"])
+                                  "out-under-a-file", "empty-text", "run-not-a-folder", "no-model-folder"])
 def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, capsys):
     out = tmp_path / "out" / "page.html"
     argv = ["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]
@@ -202,6 +202,13 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
         (tmp_path / "notes.txt").write_text("mine")
         out = tmp_path / "notes.txt" / "sub" / "page.html"
         argv[6], expected = str(out), "which is a file; choose another path"
+    elif case == "empty-text":
+        argv[4], expected = "", "The text to inspect is empty"
+    elif case == "run-not-a-folder":
+        argv += ["--run", str(tmp_path / "missing-run")]
+        expected = "missing-run is not a folder"
+    elif case == "no-model-folder":
+        argv[2], expected = str(tmp_path / "missing-model"), "is not a model folder"
     elif case == "target-for-decoder-only":
         argv += ["--target", "5 6"]
         expected = "--target is for encoder-decoder models"

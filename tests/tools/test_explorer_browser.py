@@ -105,6 +105,11 @@ def attention_row(data: dict, snapshot: int, query: int) -> list[float]:
     return maps[-1, :, query].mean(0).tolist()
 
 
+def lens_top1(data: dict, snapshot: int) -> list[list[int]]:
+    """The logit lens as the page draws it: per layer (embeddings first), the top-1 id at each position."""
+    return [[position[0][0] for position in layer] for layer in data["snapshots"][snapshot]["lens"]]
+
+
 @pytest.fixture(scope="module")
 def browser():
     from selenium import webdriver
@@ -134,7 +139,12 @@ def test_click_and_slider_redraw_what_that_token_and_checkpoint_show(page, brows
     picture = lambda: browser.execute_script(  # noqa: E731
         "return [...document.querySelectorAll('#grid canvas')].map(c => c.toDataURL()).join()")
     top = lambda: [int(e.get_attribute("data-id")) for e in browser.find_elements(By.CSS_SELECTOR, "#topk li")]  # noqa: E731
+    chances = lambda: [float(e.get_attribute("data-p")) for e in browser.find_elements(By.CSS_SELECTOR, "#topk li")]  # noqa: E731
+    lens = lambda: [[int(td.get_attribute("data-id")) for td in tr.find_elements(By.TAG_NAME, "td")]  # noqa: E731
+                    for tr in browser.find_elements(By.CSS_SELECTOR, "#lens tr")[1:]]
 
+    hovers = [e.get_attribute("title") for e in browser.find_elements(By.CSS_SELECTOR, "#tokens .tok")]
+    assert hovers == [f"id {i} · position {p}" for p, i in enumerate(data["tokens"])]
     assert weights() == pytest.approx(attention_row(data, last, 0), abs=1.5e-3)
     before = picture()
     query = min(5, len(data["tokens"]) - 1)
@@ -143,6 +153,8 @@ def test_click_and_slider_redraw_what_that_token_and_checkpoint_show(page, brows
     assert weights() != pytest.approx(attention_row(data, last, 0), abs=1.5e-3)
     assert picture() != before  # the highlighted query row moved in every map
     assert top() == [i for i, _ in data["snapshots"][last]["top"][query]]
+    assert chances() == [p for _, p in data["snapshots"][last]["top"][query]]
+    assert lens() == lens_top1(data, last)
 
     final_picture, final_top = picture(), top()
     slider = browser.find_element(By.ID, "step")
@@ -151,6 +163,8 @@ def test_click_and_slider_redraw_what_that_token_and_checkpoint_show(page, brows
     assert browser.find_element(By.ID, "step-label").text == data["snapshots"][0]["label"]
     assert top() == [i for i, _ in data["snapshots"][0]["top"][query]]
     assert top() != final_top  # the first checkpoint predicts other tokens than the final model
+    assert chances() == [p for _, p in data["snapshots"][0]["top"][query]]
+    assert lens() == lens_top1(data, 0) != lens_top1(data, last)  # the logit lens is that checkpoint's too
     assert weights() == pytest.approx(attention_row(data, 0, query), abs=1.5e-3)
     assert picture() != final_picture
     marker = browser.find_element(By.ID, "current-step")
@@ -209,4 +223,26 @@ def test_seq2seq_page_shows_encoder_decoder_and_cross_attention(browser, tmp_pat
     assert len(focus()) == 6 and browser.find_element(By.CSS_SELECTOR, "#grid canvas").get_attribute("width") == str(6 * 25)
     browser.find_element(By.CSS_SELECTOR, '#tokens .tok[data-side="src"][data-pos="2"]').click()
     assert kind.first_selected_option.get_attribute("value") == "encoder"  # a source token asks the encoder
+    assert not [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def test_64_tokens_and_8_heads_fit_the_window(browser, tmp_path):
+    """A long text and many heads scroll inside their own boxes (lens, maps); the page itself stays as wide as
+    the window, every map is drawn, and the console stays clean."""
+    from conftest import tiny_causal
+    from selenium.webdriver.common.by import By
+
+    from hf_minitx.tools.explore import write_explorer
+
+    tiny_causal(num_hidden_layers=6, num_attention_heads=8, hidden_size=64, intermediate_size=128,
+                vocab_size=512).save_pretrained(tmp_path / "wide")
+    text = " ".join(str(3 + i) for i in range(64))
+    page = write_explorer(tmp_path / "wide", text, tmp_path / "wide.html")
+    browser.set_window_size(1200, 1000)
+    browser.get(page.as_uri())
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#grid canvas")) == 6 * 9
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#lens tr:nth-child(2) td")) == 64
+    page_width, window_width = browser.execute_script(
+        "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert page_width <= window_width, f"the page is {page_width} px wide in a {window_width} px window"
     assert not [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
