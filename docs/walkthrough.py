@@ -18,7 +18,7 @@
 # an encoder layer and a decoder layer, the two models, training on the copy task, generation, saving and
 # loading through Hugging Face's Auto classes, and a look inside with the explorer. Every step calls the
 # library's own functions and classes, and every number printed here comes from running it (CI runs this
-# notebook on a CPU in under a minute).
+# notebook on a CPU in about a minute).
 #
 # The source is `docs/walkthrough.py` (jupytext, percent format); `docs/walkthrough.ipynb` is built from it
 # with `jupytext --to ipynb --update docs/walkthrough.py`.

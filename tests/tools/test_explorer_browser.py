@@ -36,7 +36,7 @@ WORDS = "the quick brown fox jumps over a lazy dog while seven small birds sing 
 
 
 def train_demo_recipe(run: Path) -> None:
-    """The demo's KJV run (its recipe, tokenizer and corpus), shortened to 12 steps with 3 checkpoints (~40 s)."""
+    """The demo's KJV run (its recipe, tokenizer and corpus), shortened to 12 steps with 3 checkpoints (under a minute)."""
     from hf_minitx.cli import main as minitx
     from hf_minitx.tools.demo import RECIPES
 
