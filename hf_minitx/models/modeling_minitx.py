@@ -544,7 +544,8 @@ class MiniTxLMHeadMixin:
 
         The dynamic cache it drives remembers the prompt's padding for the decode steps (`decode_step_padding`);
         the cache leaves `generate()` without that memory, so later calls on it are checked as any other call.
-        Self-attention reads one concatenated q/k/v weight meanwhile (`MiniTxAttention.fuse_projections`).
+        Meanwhile the decoder reads its weights in the decode layout (`fuse_projections`), and the dynamic cache
+        `generate()` makes grows in place (`MiniTxGrowingLayer`, set up in `prepare_inputs_for_generation`).
         """
         config = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None) or self.generation_config
         beams = kwargs.get("num_beams", getattr(config, "num_beams", None))
@@ -585,7 +586,7 @@ class MiniTxLMHeadMixin:
         """transformers' input preparation; on a decode step with a dynamic cache, only what changes.
 
         Marks the dynamic cache as driven by `generate()` (so the forward remembers the prompt's padding for
-        the decode steps). A decode step gets the last token (batch, 1), the cache, the masks as they are and
+        the decode steps) and, while it is empty, gives it layers that grow in place (`grow_in_place`). A decode step gets the last token (batch, 1), the cache, the masks as they are and
         every other keyword argument: the generic preparation would also inspect `forward`'s signature on every
         token (custom code) and copy the ids. The cache comes as `cache` or, before transformers 5.24, as
         `past_key_values`, and goes on under the installed version's name (`CACHE_NAME`).

@@ -224,7 +224,7 @@ def test_growing_cache_layer_holds_what_concatenation_holds_through_beam_crop_an
 
 @pytest.mark.parametrize("build", BUILDERS, ids=KIND_IDS)
 def test_generate_decodes_into_growing_cache_layers_with_the_tokens_of_concatenation(build):
-    """generate()'s own dynamic cache writes in place; a cache the caller passes keeps its layers."""
+    """generate()'s dynamic cache, its own or one passed in empty, writes in place; tokens as with concatenation."""
     model = build()
     ids, mask = left_padded()
     kwargs = dict(attention_mask=mask, max_new_tokens=7, min_new_tokens=7, return_dict_in_generate=True, **GREEDY)
@@ -235,8 +235,10 @@ def test_generate_decodes_into_growing_cache_layers_with_the_tokens_of_concatena
     mine = DynamicCache(config=model.config)
     if model.config.is_encoder_decoder:
         mine = EncoderDecoderCache(mine, DynamicCache(config=model.config))
-    mine.get_seq_length()  # untouched so far
     theirs = model.generate(ids, **kwargs, **{CACHE_NAME: mine})
     assert torch.equal(theirs.sequences, out.sequences)
+    assert all(type(layer) is MiniTxGrowingLayer for layer in getattr(mine, "self_attention_cache", mine).layers)
+    concatenated = model.generate(ids, use_cache=False, **kwargs)  # every step a full forward
+    assert torch.equal(concatenated.sequences, out.sequences)
     beams = dict(attention_mask=mask, max_new_tokens=5, num_beams=3, **GREEDY)
     assert torch.equal(model.generate(ids, **beams), model.generate(ids, use_cache=False, **beams))
