@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
@@ -23,7 +23,16 @@ from transformers.utils import logging
 
 from .attention_minitx import cross_attention_mask, self_attention_mask
 from .configuration_minitx import IGNORE_INDEX, MiniTxConfig
-from .layers_minitx import MiniTxAttention, MiniTxDecoderLayer, MiniTxEncoderLayer, MiniTxRMSNorm, make_norm
+from .layers_minitx import (
+    MiniTxAttention,
+    MiniTxDecoderLayer,
+    MiniTxEncoderLayer,
+    MiniTxMLP,
+    MiniTxRMSNorm,
+    make_norm,
+    project,
+    set_generation_weight,
+)
 from .positions_minitx import (
     POSITION_ENCODINGS,
     MiniTxPositionalEmbedding,
@@ -354,6 +363,56 @@ def forget_generation(cache: Cache | None) -> None:
                 delattr(one, name)
 
 
+class MiniTxGrowingLayer(DynamicLayer):
+    """A dynamic cache layer that writes each step's keys and values in place into room kept ahead.
+
+    `DynamicLayer` concatenates the whole cache on every update: each decoded token copies every cached key and
+    value (O(length) per step). This layer keeps (batch, kv_heads, capacity, head_dim) buffers, doubles them when
+    full and writes the new positions into them; `keys` and `values` are views of the filled part, so everything
+    `DynamicLayer` does with them (beam reordering, cropping, batch selection) works as before: where such an
+    operation replaced the views, the next update starts new buffers from them.
+    """
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append (batch, kv_heads, new, head_dim) keys and values; return all of them, (batch, kv_heads, len, head_dim)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length, new = self.get_seq_length(), key_states.shape[-2]
+        room = self.__dict__.get("_room")
+        if room is None or not self._views_of(room, length) or length + new > room[0].shape[-2]:
+            room = tuple(self._grown(old, fresh, length + new) for old, fresh in
+                         ((self.keys, key_states), (self.values, value_states)))
+            self._room = room
+        room[0][:, :, length:length + new] = key_states
+        room[1][:, :, length:length + new] = value_states
+        self.keys, self.values = room[0][:, :, :length + new], room[1][:, :, :length + new]  # (batch, heads, len, dim)
+        return self.keys, self.values
+
+    def _views_of(self, room: tuple[torch.Tensor, torch.Tensor], length: int) -> bool:
+        """Whether `keys` and `values` are still the first `length` positions of the buffers."""
+        return length > 0 and all(
+            view.data_ptr() == buffer.data_ptr() and view.shape[:2] == buffer.shape[:2] and view.stride() == buffer.stride()
+            for view, buffer in zip((self.keys, self.values), room, strict=True))
+
+    @staticmethod
+    def _grown(old: torch.Tensor, fresh: torch.Tensor, needed: int) -> torch.Tensor:
+        """A (batch, heads, 2 * needed, head_dim) buffer holding `old`'s positions (none if it is empty)."""
+        batch, heads, _, dim = fresh.shape
+        buffer = fresh.new_empty(batch, heads, 2 * needed, dim)  # (batch, heads, capacity, head_dim)
+        if old.numel():
+            buffer[:, :, :old.shape[-2]] = old
+        return buffer
+
+
+def grow_in_place(cache: DynamicCache) -> None:
+    """Swap the empty plain `DynamicLayer`s of a dynamic cache for `MiniTxGrowingLayer`s (same contract)."""
+    for index, layer in enumerate(cache.layers):
+        if type(layer) is DynamicLayer and not layer.is_initialized:
+            cache.layers[index] = MiniTxGrowingLayer()
+
+
 def positions_from_mask(
     attention_mask: torch.Tensor | None, q_len: int, past_len: int | torch.Tensor, device: torch.device
 ) -> torch.LongTensor:
@@ -470,7 +529,7 @@ class MiniTxLMHeadMixin:
 
     def output_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """(batch, seq, hidden) -> (batch, seq, vocab): `lm_head`, then c * tanh(logits / c) with a soft cap c."""
-        logits = self.lm_head(hidden_states)
+        logits = project(self.lm_head, hidden_states)  # (batch, seq, vocab)
         cap = self.config.final_logit_softcap
         return logits if cap is None else cap * torch.tanh(logits / cap)
 
@@ -485,7 +544,8 @@ class MiniTxLMHeadMixin:
 
         The dynamic cache it drives remembers the prompt's padding for the decode steps (`decode_step_padding`);
         the cache leaves `generate()` without that memory, so later calls on it are checked as any other call.
-        Self-attention reads one concatenated q/k/v weight meanwhile (`MiniTxAttention.fuse_projections`).
+        Meanwhile the decoder reads its weights in the decode layout (`fuse_projections`), and the dynamic cache
+        `generate()` makes grows in place (`MiniTxGrowingLayer`, set up in `prepare_inputs_for_generation`).
         """
         config = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None) or self.generation_config
         beams = kwargs.get("num_beams", getattr(config, "num_beams", None))
@@ -502,10 +562,15 @@ class MiniTxLMHeadMixin:
         return out
 
     def fuse_projections(self, fuse: bool) -> None:
-        """Give every self-attention one q/k/v weight for the length of a `generate()` call (or drop it)."""
-        for module in self.modules():
-            if isinstance(module, MiniTxAttention):
+        """For the length of a `generate()` call, the decoder's weights as decoding reads them fastest (or back).
+
+        Every self-attention gets one q/k/v weight, and the decoder's other linear layers and the head a copy in
+        the layout of `generation_weight`; the encoder (run once per call) keeps its own.
+        """
+        for module in self.model.decoder.modules():
+            if isinstance(module, (MiniTxAttention, MiniTxMLP)):
                 module.fuse_projections(fuse)
+        set_generation_weight(self.lm_head, fuse)
 
     def prepare_inputs_for_generation(
         self,
@@ -521,7 +586,7 @@ class MiniTxLMHeadMixin:
         """transformers' input preparation; on a decode step with a dynamic cache, only what changes.
 
         Marks the dynamic cache as driven by `generate()` (so the forward remembers the prompt's padding for
-        the decode steps). A decode step gets the last token (batch, 1), the cache, the masks as they are and
+        the decode steps) and, while it is empty, gives it layers that grow in place (`grow_in_place`). A decode step gets the last token (batch, 1), the cache, the masks as they are and
         every other keyword argument: the generic preparation would also inspect `forward`'s signature on every
         token (custom code) and copy the ids. The cache comes as `cache` or, before transformers 5.24, as
         `past_key_values`, and goes on under the installed version's name (`CACHE_NAME`).
@@ -531,6 +596,8 @@ class MiniTxLMHeadMixin:
         dynamic = isinstance(self_cache, Cache) and not self_cache.is_compileable
         if dynamic:
             self_cache._minitx_generating = True
+            if self_cache.get_seq_length() == 0 and isinstance(self_cache, DynamicCache):
+                grow_in_place(self_cache)
         if not (dynamic and next_sequence_length == 1 and not is_first_iteration
                 and input_ids.device == self.lm_head.weight.device):
             return super().prepare_inputs_for_generation(

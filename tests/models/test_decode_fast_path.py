@@ -8,9 +8,11 @@ import pytest
 import torch
 from conftest import random_ids, tiny_causal, tiny_seq2seq
 from transformers import GenerationMixin
+from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 
 from hf_minitx.models import modeling_minitx
-from hf_minitx.models.modeling_minitx import CACHE_NAME
+from hf_minitx.models.layers_minitx import project, project_with
+from hf_minitx.models.modeling_minitx import CACHE_NAME, MiniTxGrowingLayer
 from hf_minitx.tools.generation_bench import compile_config
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=2)
@@ -161,6 +163,8 @@ def test_qkv_fusion_lasts_one_generate_call_and_leaves_weights_and_hooks_alone(b
     model.generate(ids, max_new_tokens=3, min_new_tokens=3, **GREEDY)
     assert seen and all(seen)  # fused during generate()
     assert "fused_qkv" not in vars(attention) and list(model.state_dict()) == keys  # and gone after, nothing saved
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert not any("generation_weight" in vars(m) for m in linears)  # no decode copy outlives the call
     seen.clear()
     model(ids, decoder_input_ids=ids) if model.config.is_encoder_decoder else model(ids)
     assert seen == [False]  # a plain forward (training, evaluation) uses the three projections
@@ -168,3 +172,73 @@ def test_qkv_fusion_lasts_one_generate_call_and_leaves_weights_and_hooks_alone(b
     attention.q_proj.register_forward_hook(lambda *_: calls.append(1))  # as PEFT or accelerate would hook it
     model.generate(ids, max_new_tokens=3, min_new_tokens=3, **GREEDY)
     assert len(calls) == 3  # one call per forward of generate(): a hooked projection is never bypassed
+
+
+def test_generation_weights_compute_the_linear_maps_in_the_layout_decoding_reads_fastest():
+    """Wide weights (out >= in) become (in, out) copies on a CPU, narrow ones are read as stored; same outputs."""
+    model = tiny_causal()
+    model.fuse_projections(True)
+    try:
+        attention, mlp = model.model.decoder.layers[0].self_attn, model.model.decoder.layers[0].mlp
+        states = torch.randn(3, 2, model.config.hidden_size)
+        with torch.no_grad():
+            for linear in (attention.o_proj, mlp.fc1, mlp.fc2, model.lm_head):
+                copy = vars(linear)["generation_weight"]
+                assert copy.transposed == (linear.out_features >= linear.in_features)
+                assert copy.transposed or copy.weight.data_ptr() == linear.weight.data_ptr()  # narrow: not copied
+                inputs = torch.randn(3, 2, linear.in_features)
+                torch.testing.assert_close(project(linear, inputs), linear(inputs))
+            fused = vars(attention)["fused_qkv"]
+            expected = torch.cat([attention.q_proj(states), attention.k_proj(states), attention.v_proj(states)], -1)
+            torch.testing.assert_close(project_with(fused, states), expected)
+        calls = []
+        mlp.fc1.register_forward_hook(lambda *_: calls.append(1))
+        project(mlp.fc1, states)  # with grad (training): the module itself, hooks and all
+        assert calls == [1]
+    finally:
+        model.fuse_projections(False)
+
+
+def random_heads(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, 2, length, 4, generator=gen), torch.randn(batch, 2, length, 4, generator=gen)
+
+
+def test_growing_cache_layer_holds_what_concatenation_holds_through_beam_crop_and_batch_operations():
+    grown, plain = MiniTxGrowingLayer(), DynamicLayer()
+    steps = [lambda layer: None] * 3 + [
+        lambda layer: layer.reorder_cache(torch.tensor([2, 0, 0])),  # beam search: new views, then new buffers
+        lambda layer: layer.crop(-2),  # a shorter view of the same buffers: later writes land after it
+        lambda layer: layer.batch_select_indices(torch.tensor([0, 2])),
+        lambda layer: layer.batch_repeat_interleave(2),
+    ]
+    for seed, change in enumerate(steps):
+        batch = plain.keys.shape[0] if plain.is_initialized and plain.keys.numel() else 3
+        key, value = random_heads(batch, 5 if seed == 0 else 1, seed)
+        got, want = grown.update(key, value), plain.update(key, value)
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+        change(grown), change(plain)
+        assert grown.get_seq_length() == plain.get_seq_length()
+        assert torch.equal(grown.keys, plain.keys) and torch.equal(grown.values, plain.values)
+
+
+@pytest.mark.parametrize("build", BUILDERS, ids=KIND_IDS)
+def test_generate_decodes_into_growing_cache_layers_with_the_tokens_of_concatenation(build):
+    """generate()'s dynamic cache, its own or one passed in empty, writes in place; tokens as with concatenation."""
+    model = build()
+    ids, mask = left_padded()
+    kwargs = dict(attention_mask=mask, max_new_tokens=7, min_new_tokens=7, return_dict_in_generate=True, **GREEDY)
+    out = model.generate(ids, **kwargs)
+    cache = getattr(out, CACHE_NAME)
+    self_cache = getattr(cache, "self_attention_cache", cache)
+    assert all(type(layer) is MiniTxGrowingLayer for layer in self_cache.layers)
+    mine = DynamicCache(config=model.config)
+    if model.config.is_encoder_decoder:
+        mine = EncoderDecoderCache(mine, DynamicCache(config=model.config))
+    theirs = model.generate(ids, **kwargs, **{CACHE_NAME: mine})
+    assert torch.equal(theirs.sequences, out.sequences)
+    assert all(type(layer) is MiniTxGrowingLayer for layer in getattr(mine, "self_attention_cache", mine).layers)
+    concatenated = model.generate(ids, use_cache=False, **kwargs)  # every step a full forward
+    assert torch.equal(concatenated.sequences, out.sequences)
+    beams = dict(attention_mask=mask, max_new_tokens=5, num_beams=3, **GREEDY)
+    assert torch.equal(model.generate(ids, **beams), model.generate(ids, use_cache=False, **beams))
