@@ -6,13 +6,13 @@ one graph for every decode step.
 
 import pytest
 import torch
-from conftest import random_ids, tiny_causal, tiny_seq2seq
+from conftest import DECODE_LAYOUT_MIN_NEW_TOKENS, random_ids, tiny_causal, tiny_seq2seq
 from transformers import GenerationMixin
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 
 from hf_minitx.models import modeling_minitx
 from hf_minitx.models.layers_minitx import project, project_with
-from hf_minitx.models.modeling_minitx import CACHE_NAME, MiniTxGrowingLayer
+from hf_minitx.models.modeling_minitx import CACHE_NAME, MiniTxGrowingLayer, MiniTxLMHeadMixin
 from hf_minitx.tools.generation_bench import compile_config
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=2)
@@ -173,6 +173,24 @@ def test_qkv_fusion_lasts_one_generate_call_and_leaves_weights_and_hooks_alone(b
     model.generate(ids, max_new_tokens=3, min_new_tokens=3, **GREEDY)
     assert len(calls) == 3  # one call per forward of generate(): a hooked projection is never bypassed
 
+
+
+@pytest.mark.parametrize("build", BUILDERS, ids=KIND_IDS)
+def test_a_short_generate_call_reads_the_weights_as_stored(build, monkeypatch):
+    """Copying the weights into the decode layout costs about what 10-15 decode steps save: a call asking for
+    fewer new tokens than `decode_layout_min_new_tokens` makes no copy, one asking for more does, same tokens."""
+    monkeypatch.setattr(MiniTxLMHeadMixin, "decode_layout_min_new_tokens", DECODE_LAYOUT_MIN_NEW_TOKENS)
+    model = build()
+    seen = []  # whether the head has its decode copy, at every decoder forward (a hooked linear gets none)
+    model.model.decoder.register_forward_hook(lambda *_: seen.append("generation_weight" in vars(model.lm_head)))
+    ids = random_ids(1, 4)
+    short, long = DECODE_LAYOUT_MIN_NEW_TOKENS - 1, DECODE_LAYOUT_MIN_NEW_TOKENS
+    few = model.generate(ids, max_new_tokens=short, min_new_tokens=short, **GREEDY)
+    assert seen == [False] * short
+    seen.clear()
+    many = model.generate(ids, max_new_tokens=long, min_new_tokens=long, **GREEDY)
+    assert seen == [True] * long
+    assert torch.equal(many[:, :few.shape[1]], few)
 
 def test_generation_weights_compute_the_linear_maps_in_the_layout_decoding_reads_fastest():
     """Wide weights (out >= in) become (in, out) copies on a CPU, narrow ones are read as stored; same outputs."""
