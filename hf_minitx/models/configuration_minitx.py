@@ -74,7 +74,7 @@ class MiniTxConfig(PretrainedConfig):
     """
 
     model_type = "minitx"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]  # the cache, by its name from 5.24 and before
 
     vocab_size: int = 8192
     hidden_size: int = 256

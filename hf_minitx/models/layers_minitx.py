@@ -137,7 +137,7 @@ class MiniTxAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         key_value_states: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from `hidden_states` (batch, q_len, hidden) to itself or to `key_value_states` (batch, src, hidden).
 
@@ -146,17 +146,15 @@ class MiniTxAttention(nn.Module):
         batch, q_len, _ = hidden_states.shape
         if self.is_cross_attention:
             query = self._heads(self.q_proj, hidden_states, self.q_norm)  # (batch, heads, q_len, head_dim)
-            key, value = self._cross_key_value(key_value_states, past_key_values)
+            key, value = self._cross_key_value(key_value_states, cache)
         else:
             query, key, value = self._self_query_key_value(hidden_states)  # key, value: (batch, kv_heads, q_len, head_dim)
             if position_embeddings is not None:
                 cos, sin = position_embeddings
                 query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
-            if past_key_values is not None:
-                cache = past_key_values
-                if isinstance(cache, EncoderDecoderCache):
-                    cache = cache.self_attention_cache
-                key, value = cache.update(key, value, self.layer_idx)  # (batch, kv_heads, kv_len, head_dim)
+            if cache is not None:
+                self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+                key, value = self_cache.update(key, value, self.layer_idx)  # (batch, kv_heads, kv_len, head_dim)
 
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         output, weights = attention(
@@ -167,19 +165,19 @@ class MiniTxAttention(nn.Module):
         return self.o_proj(output), weights
 
     def _cross_key_value(
-        self, encoder_states: torch.Tensor, past_key_values: Cache | None
+        self, encoder_states: torch.Tensor, cache: Cache | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values of the encoder output, computed once per generation and then read from the cache."""
-        if not isinstance(past_key_values, EncoderDecoderCache):
+        if not isinstance(cache, EncoderDecoderCache):
             return self._heads(self.k_proj, encoder_states, self.k_norm), self._heads(self.v_proj, encoder_states)
-        cache = past_key_values.cross_attention_cache
-        if past_key_values.is_updated.get(self.layer_idx):
-            layer = cache.layers[self.layer_idx]
+        cross_cache = cache.cross_attention_cache
+        if cache.is_updated.get(self.layer_idx):
+            layer = cross_cache.layers[self.layer_idx]
             return layer.keys, layer.values
         key = self._heads(self.k_proj, encoder_states, self.k_norm)  # (batch, kv_heads, src_len, head_dim)
         value = self._heads(self.v_proj, encoder_states)
-        key, value = cache.update(key, value, self.layer_idx)
-        past_key_values.is_updated[self.layer_idx] = True
+        key, value = cross_cache.update(key, value, self.layer_idx)
+        cache.is_updated[self.layer_idx] = True
         return key, value
 
 
@@ -270,19 +268,19 @@ class MiniTxDecoderLayer(MiniTxLayerBase):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(batch, q_len, hidden) -> (batch, q_len, hidden), self-attention and cross-attention weights."""
         hidden_states, self_weights = self.sublayer(
             hidden_states, self.self_attn_layer_norm,
-            lambda x: self.self_attn(x, attention_mask, position_embeddings, past_key_values=past_key_values),
+            lambda x: self.self_attn(x, attention_mask, position_embeddings, cache=cache),
         )
         cross_weights = None
         if encoder_hidden_states is not None:
             hidden_states, cross_weights = self.sublayer(
                 hidden_states, self.cross_attn_layer_norm,
                 lambda x: self.cross_attn(
-                    x, encoder_attention_mask, key_value_states=encoder_hidden_states, past_key_values=past_key_values
+                    x, encoder_attention_mask, key_value_states=encoder_hidden_states, cache=cache
                 ),
             )
         hidden_states, _ = self.sublayer(hidden_states, self.mlp_layer_norm, self.mlp)

@@ -41,6 +41,19 @@ AUTO_MAP = {
 
 logger = logging.get_logger(__name__)
 
+# The key/value cache's name in transformers' outputs and in generate()'s model inputs: `cache` from transformers
+# 5.24 on, `past_key_values` before. The models take either name (`cache_argument`) and return it under this one.
+CACHE_NAME = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def cache_argument(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:
+    """The cache a caller passed as `cache` or, by its name before transformers 5.24, as `past_key_values`."""
+    if past_key_values is None:
+        return cache
+    if cache is not None:
+        raise ValueError("Pass the cache once: as `cache` or as `past_key_values` (its former name), not both.")
+    return past_key_values
+
 
 def resolve_output_flags(
     config: MiniTxConfig, output_attentions: bool | None, output_hidden_states: bool | None, return_dict: bool | None
@@ -129,7 +142,7 @@ class MiniTxPreTrainedModel(PreTrainedModel):
     _can_compile_fullgraph = True  # forward has no host sync under torch.compile; transformers also reads it as
     # "supports cache_implementation='static'" and then compiles forward itself in generate() on GPUs
     _no_split_modules = ["MiniTxEncoderLayer", "MiniTxDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["cache", "past_key_values"]
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         """`PreTrainedModel.save_pretrained`, with an `auto_map` naming every Auto class of MiniTx.
@@ -206,7 +219,7 @@ class MiniTxStack(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
@@ -221,7 +234,7 @@ class MiniTxStack(nn.Module):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         prefix = "decoder_" if self.is_decoder and self.config.is_encoder_decoder else ""
-        self_cache = past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else past_key_values
+        self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         remembered = decode_step_padding(self_cache, input_ids if inputs_embeds is None else inputs_embeds)
         if remembered is None:  # a call with what the user gave: check it
             has_padding = check_inputs(self.config, input_ids, attention_mask, inputs_embeds, prefix)
@@ -259,7 +272,7 @@ class MiniTxStack(nn.Module):
             if self.is_decoder:
                 hidden_states, weights, cross_weights = layer(
                     hidden_states, mask, position_embeddings, encoder_hidden_states, cross_mask,
-                    past_key_values=past_key_values,
+                    cache=cache,
                 )
             else:
                 hidden_states, weights = layer(hidden_states, mask, position_embeddings)
@@ -276,7 +289,7 @@ class MiniTxStack(nn.Module):
                 all_states[-1] = hidden_states
         output = BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
-            past_key_values=past_key_values if self.is_decoder else None,
+            **{CACHE_NAME: cache if self.is_decoder else None},
             hidden_states=tuple(all_states) if all_states is not None else None,
             attentions=tuple(all_attentions) if all_attentions is not None else None,
             cross_attentions=tuple(all_cross) if all_cross is not None else None,
@@ -382,29 +395,32 @@ class MiniTxModel(MiniTxPreTrainedModel):
         decoder_attention_mask: torch.Tensor | None = None,
         decoder_position_ids: torch.LongTensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions | Seq2SeqModelOutput | tuple:
         """Decoder-only: (batch, seq) ids -> states. Seq2seq: source ids + decoder ids -> decoder states.
 
         Unset output flags come from the config; `return_dict=False` returns `output.to_tuple()`.
+        `past_key_values` is the former name of `cache` (transformers before 5.24).
         """
+        cache = cache_argument(cache, past_key_values)
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         output_attentions, output_hidden_states, return_dict = resolve_output_flags(
             self.config, output_attentions, output_hidden_states, return_dict)
         flags = {"output_attentions": output_attentions, "output_hidden_states": output_hidden_states,
                  "return_dict": True}
         if not self.config.is_encoder_decoder:
-            if use_cache and past_key_values is None:
-                past_key_values = DynamicCache(config=self.config)
+            if use_cache and cache is None:
+                cache = DynamicCache(config=self.config)
             output = self.decoder(input_ids, attention_mask, position_ids, inputs_embeds,
-                                  past_key_values=past_key_values if use_cache else None, **flags)
+                                  cache=cache if use_cache else None, **flags)
             return output if return_dict else output.to_tuple()
 
         if encoder_outputs is None:
@@ -417,20 +433,20 @@ class MiniTxModel(MiniTxPreTrainedModel):
                 "them right) or `decoder_input_ids`; generate() provides them itself."
             )
         if decoder_inputs_embeds is None:
-            if decode_step_padding(past_key_values.self_attention_cache if isinstance(
-                    past_key_values, EncoderDecoderCache) else None, decoder_input_ids) is None:
+            if decode_step_padding(cache.self_attention_cache if isinstance(
+                    cache, EncoderDecoderCache) else None, decoder_input_ids) is None:
                 check_inputs(self.config, decoder_input_ids, None, prefix="decoder_")
             decoder_inputs_embeds = self.encoder.embed(decoder_input_ids)
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         decoder_outputs = self.decoder(
             None, decoder_attention_mask, decoder_position_ids, decoder_inputs_embeds,
             encoder_hidden_states=encoder_outputs.last_hidden_state, encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values if use_cache else None, **flags,
+            cache=cache if use_cache else None, **flags,
         )
         output = Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -481,8 +497,8 @@ class MiniTxLMHeadMixin:
             out = super().generate(*args, **kwargs)
         finally:
             self.fuse_projections(False)
-            forget_generation(kwargs.get("past_key_values"))  # a cache the caller passed in
-        forget_generation(getattr(out, "past_key_values", None))  # or the one handed back
+            forget_generation(kwargs.get("cache", kwargs.get("past_key_values")))  # a cache the caller passed in
+        forget_generation(getattr(out, CACHE_NAME, None))  # or the one handed back
         return out
 
     def fuse_projections(self, fuse: bool) -> None:
@@ -495,10 +511,11 @@ class MiniTxLMHeadMixin:
         self,
         input_ids: torch.LongTensor,
         next_sequence_length: int | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         is_first_iteration: bool | None = False,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> dict:
         """transformers' input preparation; on a decode step with a dynamic cache, only what changes.
@@ -506,20 +523,21 @@ class MiniTxLMHeadMixin:
         Marks the dynamic cache as driven by `generate()` (so the forward remembers the prompt's padding for
         the decode steps). A decode step gets the last token (batch, 1), the cache, the masks as they are and
         every other keyword argument: the generic preparation would also inspect `forward`'s signature on every
-        token (custom code) and copy the ids.
+        token (custom code) and copy the ids. The cache comes as `cache` or, before transformers 5.24, as
+        `past_key_values`, and goes on under the installed version's name (`CACHE_NAME`).
         """
-        self_cache = past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else (
-            past_key_values)
+        cache = cache_argument(cache, past_key_values)
+        self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         dynamic = isinstance(self_cache, Cache) and not self_cache.is_compileable
         if dynamic:
             self_cache._minitx_generating = True
         if not (dynamic and next_sequence_length == 1 and not is_first_iteration
                 and input_ids.device == self.lm_head.weight.device):
             return super().prepare_inputs_for_generation(
-                input_ids, next_sequence_length, past_key_values, attention_mask, inputs_embeds, is_first_iteration,
-                **kwargs)
+                input_ids, next_sequence_length, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                is_first_iteration=is_first_iteration, **{CACHE_NAME: cache}, **kwargs)
         prefix = "decoder_" if self.config.is_encoder_decoder else ""
-        inputs = {f"{prefix}input_ids": input_ids[:, -1:], "past_key_values": past_key_values}  # (batch, 1)
+        inputs = {f"{prefix}input_ids": input_ids[:, -1:], CACHE_NAME: cache}  # (batch, 1)
         position_ids = kwargs.pop(f"{prefix}position_ids", None)
         if position_ids is not None:
             inputs[f"{prefix}position_ids"] = position_ids[..., -1:]
@@ -613,7 +631,7 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -622,6 +640,7 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
         shift_labels: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
         """(batch, seq) ids -> logits (batch, seq, vocab); with `labels` (batch, seq), the shifted LM loss.
@@ -634,7 +653,7 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
         return_dict = self.config.return_dict if return_dict is None else return_dict
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+            cache=cache_argument(cache, past_key_values), inputs_embeds=inputs_embeds, use_cache=use_cache,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
         )
         hidden_states = outputs.last_hidden_state
@@ -647,7 +666,7 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
         elif labels is not None:
             loss = self.lm_loss(logits, labels, False, "labels", **kwargs)
         output = CausalLMOutputWithPast(
-            loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+            loss=loss, logits=logits, **{CACHE_NAME: getattr(outputs, CACHE_NAME)},
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,
         )
         return output if return_dict else output.to_tuple()
@@ -689,7 +708,7 @@ class MiniTxForConditionalGeneration(MiniTxLMHeadMixin, MiniTxPreTrainedModel, G
         decoder_attention_mask: torch.Tensor | None = None,
         decoder_position_ids: torch.LongTensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -698,6 +717,7 @@ class MiniTxForConditionalGeneration(MiniTxLMHeadMixin, MiniTxPreTrainedModel, G
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
         """Source (batch, src) + decoder ids (batch, tgt) -> logits (batch, tgt, vocab).
@@ -716,7 +736,7 @@ class MiniTxForConditionalGeneration(MiniTxLMHeadMixin, MiniTxPreTrainedModel, G
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, decoder_position_ids=decoder_position_ids,
-            encoder_outputs=encoder_outputs, past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+            encoder_outputs=encoder_outputs, cache=cache_argument(cache, past_key_values), inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
         )
@@ -726,7 +746,7 @@ class MiniTxForConditionalGeneration(MiniTxLMHeadMixin, MiniTxPreTrainedModel, G
         logits = self.output_logits(hidden_states)  # (batch, tgt, vocab)
         loss = self.lm_loss(logits, labels, True, "labels", **kwargs) if labels is not None else None
         output = Seq2SeqLMOutput(
-            loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+            loss=loss, logits=logits, **{CACHE_NAME: getattr(outputs, CACHE_NAME)},
             decoder_hidden_states=outputs.decoder_hidden_states, decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions, encoder_last_hidden_state=outputs.encoder_last_hidden_state,
             encoder_hidden_states=outputs.encoder_hidden_states, encoder_attentions=outputs.encoder_attentions,

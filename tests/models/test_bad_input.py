@@ -5,6 +5,7 @@ import torch
 from conftest import tiny_config
 
 from hf_minitx import MiniTxForCausalLM, MiniTxForConditionalGeneration
+from hf_minitx.models.modeling_minitx import CACHE_NAME
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +34,9 @@ def test_input_longer_than_max_position_embeddings(pe):
     model = MiniTxForCausalLM(tiny_config(position_embedding_type=pe, max_position_embeddings=16)).eval()
     with pytest.raises(ValueError, match="max_position_embeddings=16"):
         model(torch.ones(1, 17, dtype=torch.long))
-    cache = model(torch.ones(1, 10, dtype=torch.long), use_cache=True).past_key_values
+    cache = getattr(model(torch.ones(1, 10, dtype=torch.long), use_cache=True), CACHE_NAME)
     with pytest.raises(ValueError, match="17 positions"):  # 10 cached + 7 new
-        model(torch.ones(1, 7, dtype=torch.long), past_key_values=cache, use_cache=True)
+        model(torch.ones(1, 7, dtype=torch.long), cache=cache, use_cache=True)
 
 
 def test_rotary_positions_have_no_length_limit():

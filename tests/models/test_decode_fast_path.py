@@ -10,6 +10,7 @@ from conftest import random_ids, tiny_causal, tiny_seq2seq
 from transformers import GenerationMixin
 
 from hf_minitx.models import modeling_minitx
+from hf_minitx.models.modeling_minitx import CACHE_NAME
 from hf_minitx.tools.generation_bench import compile_config
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=2)
@@ -73,14 +74,14 @@ def test_a_cache_handed_back_by_generate_is_checked_again():
     model = tiny_causal()
     ids = random_ids(1, 5)
     out = model.generate(ids, max_new_tokens=3, min_new_tokens=3, return_dict_in_generate=True, **GREEDY)
-    cache = out.past_key_values
+    cache = getattr(out, CACHE_NAME)
     assert not hasattr(cache, "_minitx_padding") and not hasattr(cache, "_minitx_generating")
     full = out.sequences[:, :-1]  # every token the cache holds, then one new one
     new = out.sequences[:, -1:]
     mask = torch.ones(1, full.size(1) + 1, dtype=torch.long)
     mask[0, -1] = 0  # padding the generated steps never had: it moves the new token's position
     with torch.no_grad():
-        step = model(new, attention_mask=mask, past_key_values=cache).logits[:, -1]
+        step = model(new, attention_mask=mask, cache=cache).logits[:, -1]
         whole = model(torch.cat([full, new], 1), attention_mask=mask, use_cache=False).logits[:, -1]
     torch.testing.assert_close(step, whole)
 
@@ -91,8 +92,7 @@ def test_lean_decode_inputs_equal_transformers_generic_preparation(build):
     ids, mask = left_padded()
     out = model.generate(ids, attention_mask=mask, max_new_tokens=2, min_new_tokens=2,
                          return_dict_in_generate=True, **GREEDY)
-    cache = out.past_key_values
-    kwargs = {"use_cache": True, "past_key_values": cache}
+    kwargs = {"use_cache": True, CACHE_NAME: getattr(out, CACHE_NAME)}
     if model.config.is_encoder_decoder:
         kwargs |= {"attention_mask": mask, "encoder_outputs": model.get_encoder()(ids, attention_mask=mask)}
         sequence = out.sequences
@@ -144,7 +144,7 @@ def test_one_static_cache_serves_prompts_of_any_length_with_one_compiled_graph()
     for length, new in ((5, 8), (9, 12), (3, 20)):
         ids = random_ids(1, length, seed=length)
         cache.reset()
-        fast = model.generate(ids, max_new_tokens=new, min_new_tokens=new, past_key_values=cache,
+        fast = model.generate(ids, max_new_tokens=new, min_new_tokens=new, **{CACHE_NAME: cache},
                               compile_config=config, **GREEDY)
         assert torch.equal(fast, model.generate(ids, max_new_tokens=new, min_new_tokens=new, **GREEDY))
     assert counters["stats"]["unique_graphs"] == 1

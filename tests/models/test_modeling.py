@@ -5,7 +5,7 @@ import torch
 from conftest import ALL_OPTIONS, random_ids, tiny_causal, tiny_seq2seq
 
 from hf_minitx import MiniTxModel
-from hf_minitx.models.modeling_minitx import shift_tokens_right
+from hf_minitx.models.modeling_minitx import CACHE_NAME, shift_tokens_right
 
 VARIANTS = [
     dict(position_embedding_type="learned", norm_position="pre"),
@@ -70,8 +70,34 @@ def test_cached_forward_equals_full_forward(variant):
     ids = random_ids(2, 10)
     full = model(ids).logits
     first = model(ids[:, :6], use_cache=True)
-    step = model(ids[:, 6:], past_key_values=first.past_key_values, use_cache=True)  # 4 tokens after a cache
+    step = model(ids[:, 6:], cache=getattr(first, CACHE_NAME), use_cache=True)  # 4 tokens after a cache
     torch.testing.assert_close(step.logits, full[:, 6:], atol=1e-5, rtol=1e-5)
+
+
+
+@pytest.mark.parametrize("build", [tiny_causal, tiny_seq2seq], ids=["causal", "seq2seq"])
+def test_the_cache_goes_by_either_name_and_comes_back_under_the_installed_one(build):
+    """transformers 5.24 renamed `past_key_values` to `cache`: a cache passed by either name gives the same logits,
+    both at once is refused, and outputs carry it under the installed version's name (generate() reads that)."""
+    model = build()
+    ids = random_ids(2, 10)
+    extra = {"decoder_input_ids": ids[:, :6]} if model.config.is_encoder_decoder else {}
+    source = ids if extra else ids[:, :6]
+
+    def first_then_step(**name):
+        first = model(source, use_cache=True, **extra)
+        cache = getattr(first, CACHE_NAME)
+        assert cache is not None and cache.get_seq_length() == 6
+        step_ids = {"decoder_input_ids": ids[:, 6:]} if extra else {"input_ids": ids[:, 6:]}
+        if extra:
+            step_ids["input_ids"] = source
+        return model(**step_ids, use_cache=True, **{next(iter(name)): cache}).logits
+
+    torch.testing.assert_close(first_then_step(cache=1), first_then_step(past_key_values=1))
+    cache = getattr(model(source, use_cache=True, **extra), CACHE_NAME)
+    step = {"decoder_input_ids": ids[:, 6:], "input_ids": source} if extra else {"input_ids": ids[:, 6:]}
+    with pytest.raises(ValueError, match="not both"):
+        model(**step, cache=cache, past_key_values=cache)
 
 
 def test_causal_loss_is_shifted_and_ignores_minus_100():
