@@ -197,6 +197,20 @@ def test_resuming_with_another_validation_split_is_refused(two_steps, text_file,
     assert snapshot(run) == before
 
 
+def test_resuming_a_streaming_run_without_streaming_is_refused(corpus, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    train_main(stream_args(corpus, out, "--max_steps", "2", "--checkpointing_steps", "2"))
+    before = snapshot(out)
+    args = stream_args(corpus, out, "--max_steps", "4", "--resume_from_checkpoint", "latest")
+    args.remove("--streaming")  # rows read in memory would carve another validation split than the stream's
+    del args[args.index("--shuffle_buffer") : args.index("--shuffle_buffer") + 2]
+    capsys.readouterr()
+    assert minitx(["train", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "streaming: checkpoint has True, this run has False" in err[0], err
+    assert snapshot(out) == before
+
+
 def test_a_file_listed_twice_or_matched_twice_is_read_once(tmp_path, caplog):
     folder = tmp_path / "texts"
     folder.mkdir()
