@@ -113,8 +113,8 @@ class DataArguments:
     )
     num_proc: int | None = field(
         default=None,
-        metadata={"help": "Processes that tokenize a map-style corpus (default: the machine's cores for 8 MB of text "
-                          "or more, else 1)."},
+        metadata={"help": "Threads that tokenize a map-style causal-LM corpus, processes for seq2seq pairs "
+                          "(default: the machine's cores for causal-LM text, 1 for pairs)."},
     )
 
 
