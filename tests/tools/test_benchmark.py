@@ -142,7 +142,7 @@ def test_data_preparation_section_compares_every_recipe_on_the_same_text():
     result = run_data_prep(megabytes=0.3, vocab_size=300, block_size=32, log=lambda _: None)
     assert set(result["sides"]) == set(SIDES) and result["text_bytes"] > 250_000
     for figures in result["sides"].values():
-        assert figures["seconds"] > 0 and figures["rows"] > 0
+        assert figures["seconds"] > 0 and figures["cpu_seconds"] > 0 and figures["rows"] > 0
         assert figures["text_mb_per_second"] == pytest.approx(result["text_bytes"] / 1e6 / figures["seconds"])
         assert 0 < figures["cache_bytes_per_text_byte"] < 100
     ours = result["sides"]["minitx"]
