@@ -34,9 +34,11 @@ from typing import Any
 
 import datasets
 import numpy as np
+import pyarrow as pa
 from datasets import Dataset, DatasetDict, Features, IterableDataset, IterableDatasetDict, Value
 from datasets.exceptions import DatasetGenerationError
 from datasets.fingerprint import Hasher
+from datasets.table import InMemoryTable
 from datasets.utils.file_utils import xopen
 
 from .builtin import BUILTIN_CORPORA, BUILTIN_PREFIX, get_builtin
@@ -65,6 +67,7 @@ SAMPLE_BY = ("document", "paragraph", "line")
 TEXT_CHUNK_CHARS = 1 << 20  # a text file is read in rows of about this many characters
 TRAINING_PIECE_CHARS = 1 << 16  # a tokenizer trainer is given texts of about this size at most
 TEXT_ROW_FEATURES = Features({"text": Value("string"), DOC_END: Value("bool")})
+IN_MEMORY_SHARE = 8  # text rows up to 1/8 of the machine's memory are held in memory, not copied to the cache
 
 AnyDataset = Dataset | IterableDataset
 AnyDatasetDict = DatasetDict | IterableDatasetDict
@@ -452,9 +455,41 @@ def _load_text_files(
                 _text_file_rows, features=TEXT_ROW_FEATURES, gen_kwargs=kwargs)
         else:
             key = Hasher.hash(["text-files", _files_key(kwargs["files"]), sample_by, TEXT_CHUNK_CHARS, skip_bad_rows])
-            splits[str(name)] = Dataset.from_generator(
-                _text_file_rows, features=TEXT_ROW_FEATURES, gen_kwargs=kwargs, fingerprint=key)
+            size = sum(os.path.getsize(f) for f in kwargs["files"] if os.path.isfile(f))
+            splits[str(name)] = rows_dataset(_text_file_rows, kwargs, key, size)
     return splits
+
+
+def _fits_in_memory(chars: int) -> bool:
+    """Whether ``chars`` characters of text are at most 1/``IN_MEMORY_SHARE`` of the machine's memory."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - no sysconf: keep the cached copy
+        return False
+    return chars * IN_MEMORY_SHARE <= memory
+
+
+def rows_dataset(generate: Any, gen_kwargs: dict[str, Any], fingerprint: str, chars: int) -> Dataset:
+    """The ``{"text", "doc_end"}`` rows that ``generate(**gen_kwargs)`` yields, as a map-style split.
+
+    Text that fits in memory is held there: the files themselves are the copy on disk, and the datasets cache
+    keeps only what is made from them (the packed blocks). Larger text is written to the cache once, as
+    ``Dataset.from_generator`` does, and memory-mapped.
+    """
+    if not _fits_in_memory(chars):
+        return Dataset.from_generator(generate, features=TEXT_ROW_FEATURES, gen_kwargs=gen_kwargs,
+                                      fingerprint=fingerprint)
+    texts: list[str] = []
+    ends: list[bool] = []
+    for row in generate(**gen_kwargs):
+        texts.append(row["text"])
+        ends.append(row[DOC_END])
+    if not texts:
+        raise ValueError("the text corresponds to no data: there are no rows")
+    table = pa.table({"text": pa.array(texts, pa.string()), DOC_END: pa.array(ends, pa.bool_())})
+    del texts
+    return Dataset(InMemoryTable(table), info=datasets.DatasetInfo(features=TEXT_ROW_FEATURES),
+                   fingerprint=fingerprint)
 
 
 def _load_with_datasets(
@@ -625,8 +660,8 @@ def _split_document(split: Dataset, fraction: float) -> tuple[Dataset, Dataset]:
     for validation in (False, True):
         key = Hasher.hash([split._fingerprint, "document-part", cut, validation, TEXT_CHUNK_CHARS])
         try:
-            parts.append(Dataset.from_generator(_document_part, features=TEXT_ROW_FEATURES, fingerprint=key,
-                                                gen_kwargs={"split": split, "cut": cut, "validation": validation}))
+            parts.append(rows_dataset(_document_part, {"split": split, "cut": cut, "validation": validation}, key,
+                                      total - cut if validation else cut))
         except ValueError as err:
             if "corresponds to no data" not in str(err):
                 raise

@@ -9,14 +9,15 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import datasets
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 from datasets import (
     Dataset,
@@ -24,7 +25,6 @@ from datasets import (
     Features,
     IterableDataset,
     IterableDatasetDict,
-    LargeList,
     List,
     Value,
 )
@@ -67,7 +67,7 @@ def _fingerprint(split: Dataset, *parts: Any) -> str:
 # --- causal LM ----------------------------------------------------------------------------------
 
 CHARS_PER_BATCH = 1 << 22  # characters tokenized per call: rows of ~1 MB go a few at a time
-PARALLEL_MIN_CHARS = 1 << 23  # below this much text one process tokenizes faster than a pool starts
+PARALLEL_CHARS_PER_BATCH = 1 << 20  # per call when several threads tokenize: finer pieces share the work evenly
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -171,57 +171,60 @@ def block_collator(tokenizer: PreTrainedTokenizerBase) -> BlockCollator:
     return BlockCollator(tokenizer.pad_token_id)
 
 
-def _tokenize_table(table: pa.Table, tokenizer: PreTrainedTokenizerBase, eos_id: int, dtype: str) -> pa.Table:
-    """datasets.map function (arrow format): a batch of rows -> one ``ids`` list per row."""
-    texts = table.column("text").to_pylist()
-    ends = table.column(DOC_END).to_pylist() if DOC_END in table.column_names else [True] * len(texts)
-    arrays = encode_rows(texts, ends, tokenizer, eos_id, np.dtype(dtype))
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-    np.cumsum([len(a) for a in arrays], out=offsets[1:])
-    values = np.concatenate(arrays) if arrays else np.empty(0, dtype)
-    return pa.table({"ids": pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))})
+def _can_share(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether ``encode_rows`` may run in several threads at once: it calls the fast backend directly (which
+    releases the GIL) and never changes the tokenizer's runtime state."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and backend.truncation is None and backend.padding is None
 
 
-def _tokenize_split(
-    split: Dataset, name: str, folder: Path, num_proc: int | None, fn_kwargs: dict[str, Any]
-) -> Dataset:
-    """The split's rows tokenized into ``folder`` (``ids``, EOS placed), in batches of about
-    ``CHARS_PER_BATCH`` characters, by ``num_proc`` processes (default: the cores, for large text)."""
-    table = split.data  # the whole backing table: its mean row length sizes the batches
-    chars = int(pc.sum(pc.utf8_length(table.column("text"))).as_py() or 0) * len(split) // max(table.num_rows, 1)
-    batch = max(1, min(1000, CHARS_PER_BATCH * len(split) // max(chars, 1)))
-    procs = num_proc or ((os.cpu_count() or 1) if chars >= PARALLEL_MIN_CHARS else 1)
-    procs = max(1, min(procs, len(split) // batch))
-    features = Features({"ids": LargeList(Value(fn_kwargs["dtype"]))})
-    return split.with_format("arrow").map(
-        _tokenize_table, batched=True, batch_size=batch, writer_batch_size=batch, num_proc=procs if procs > 1 else None,
-        remove_columns=split.column_names, features=features, fn_kwargs=fn_kwargs,
-        cache_file_name=str(folder / "ids.arrow"), load_from_cache_file=False, desc=f"Tokenizing {name}",
-    )
+def encoded_batches(batches: Iterable[dict], tokenizer: PreTrainedTokenizerBase, eos_id: int, dtype: np.dtype,
+                    workers: int = 1) -> Iterator[list[np.ndarray]]:
+    """``encode_rows`` of each ``{"text", "doc_end"}`` batch, in order. With ``workers > 1`` (and a fast
+    tokenizer) that many threads encode batches at once, at most two per thread ahead of the reader."""
+    if workers <= 1 or not _can_share(tokenizer):
+        for batch in batches:
+            yield encode_rows(batch["text"], batch[DOC_END], tokenizer, eos_id, dtype)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        pending: deque[Future] = deque()
+        for batch in batches:
+            pending.append(pool.submit(encode_rows, batch["text"], batch[DOC_END], tokenizer, eos_id, dtype))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
-def _pack_to_file(ids: Dataset, path: Path, name: str, block_size: int, dtype: np.dtype, pack: dict) -> tuple[int, int]:
-    """Cut the concatenated ``ids`` into blocks written to ``path``; returns (blocks, tokens).
-
-    ``pack``: ``overlap`` (tokens shared by consecutive blocks), ``prefix`` (tokens put first),
-    ``pad_id`` and ``drop_remainder`` (see ``tokenize_and_pack``).
-    """
-    step = block_size - pack["overlap"]
+def iter_block_arrays(rows: Iterable[dict], tokenizer: PreTrainedTokenizerBase, block_size: int, pack: dict[str, Any],
+                      dtype: np.dtype, workers: int = 1) -> Iterator[np.ndarray]:
+    """Tokenize and pack ``{"text", "doc_end"}`` rows: (n, block_size) arrays in order, the last one the final
+    (maybe padded) block. ``pack``: ``eos_id``, ``overlap`` (tokens shared by consecutive blocks), ``prefix``
+    (tokens put first), ``pad_id`` and ``drop_remainder`` (see ``tokenize_and_pack``)."""
     rest = np.asarray(pack["prefix"], dtype=dtype)
-    blocks_written = tokens = 0
-    writer = ArrowWriter(features=block_features(block_size, dtype), path=str(path))
-    with tqdm(total=len(ids), desc=f"Packing {name}", unit=" rows") as bar:
-        for table in ids.with_format("arrow").iter(batch_size=256):
-            parts = [rest] + [chunk.flatten().to_numpy(zero_copy_only=False) for chunk in table.column("ids").chunks]
-            stream = np.concatenate(parts).astype(dtype, copy=False)
-            tokens += len(stream) - len(rest)
-            blocks, rest = cut_blocks(stream, block_size, step)
-            blocks_written += _write_blocks(writer, blocks)
-            bar.update(table.num_rows)
-    blocks_written += _write_blocks(writer, last_block(rest, block_size, pack["overlap"], pack["pad_id"],
-                                                       pack["drop_remainder"]))
-    writer.finalize()
-    return blocks_written, tokens
+    max_chars = CHARS_PER_BATCH if workers <= 1 else PARALLEL_CHARS_PER_BATCH
+    for ids in encoded_batches(row_batches(rows, max_chars), tokenizer, pack["eos_id"], dtype, workers):
+        blocks, rest = cut_blocks(np.concatenate([rest, *ids]), block_size, block_size - pack["overlap"])
+        yield blocks
+    yield last_block(rest, block_size, pack["overlap"], pack["pad_id"], pack["drop_remainder"])
+
+
+def iter_blocks(rows: Iterable[dict], tokenizer: PreTrainedTokenizerBase, block_size: int, pack: dict[str, Any],
+                dtype: np.dtype) -> Iterator[np.ndarray]:
+    """Tokenize and pack ``{"text", "doc_end"}`` rows on the fly: (block_size,) arrays, in order, with
+    the same blocks as the map-style path (``pack`` as in ``iter_block_arrays``)."""
+    for blocks in iter_block_arrays(rows, tokenizer, block_size, pack, dtype):
+        yield from blocks
+
+
+def _split_rows(split: Dataset, name: str) -> Iterator[dict]:
+    """The ``{"text", "doc_end"}`` rows of a map-style split in order, with a progress bar."""
+    with tqdm(total=len(split), desc=f"Tokenizing and packing {name}", unit=" rows") as bar:
+        for batch in split.select_columns([c for c in ("text", DOC_END) if c in split.column_names]).iter(256):
+            texts = batch["text"]
+            for text, end in zip(texts, batch.get(DOC_END) or [True] * len(texts), strict=True):
+                yield {"text": text, DOC_END: end}
+            bar.update(len(texts))
 
 
 def _write_blocks(writer: ArrowWriter, blocks: np.ndarray) -> int:
@@ -234,20 +237,24 @@ def _write_blocks(writer: ArrowWriter, blocks: np.ndarray) -> int:
 
 def _pack_split(split: Dataset, name: str, tokenizer: PreTrainedTokenizerBase, block_size: int, num_proc: int | None,
                 pack: dict[str, Any]) -> Dataset:
-    """One packed copy of a map-style split, cached under the datasets cache by fingerprint; the
-    tokenized intermediate lives in a temporary folder deleted once the blocks are written."""
+    """One packed copy of a map-style split, cached under the datasets cache by fingerprint: the rows are
+    tokenized by ``num_proc`` threads (default: the cores) and cut into blocks written straight to the file,
+    with no tokenized intermediate."""
     dtype = token_dtype(len(tokenizer))
     key = _fingerprint(split, "pack", tokenizer_fingerprint(tokenizer), block_size, dtype.name, sorted(pack.items()))
     folder = Path(datasets.config.HF_DATASETS_CACHE) / "hf_minitx_blocks"
     path = folder / f"{key}.arrow"
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
+        workers = num_proc or os.cpu_count() or 1
         with tempfile.TemporaryDirectory(dir=folder, prefix="tmp-") as tmp:
-            fn_kwargs = {"tokenizer": tokenizer, "eos_id": pack["eos_id"], "dtype": dtype.name}
-            ids = _tokenize_split(split, name, Path(tmp), num_proc, fn_kwargs)
-            count, tokens = _pack_to_file(ids, Path(tmp) / "blocks.arrow", name, block_size, dtype, pack)
-            del ids
-            if count == 0:
+            writer = ArrowWriter(features=block_features(block_size, dtype), path=str(Path(tmp) / "blocks.arrow"))
+            count = sum(_write_blocks(writer, blocks) for blocks in iter_block_arrays(
+                _split_rows(split, name), tokenizer, block_size, pack, dtype, workers))
+            writer.finalize()
+            if count == 0:  # fewer tokens than one block: counting them again is quick
+                tokens = sum(len(ids) for batch in encoded_batches(row_batches(_split_rows(split, name)), tokenizer,
+                                                                   pack["eos_id"], dtype) for ids in batch)
                 raise ValueError(
                     f"split {name!r} has {tokens} tokens in {len(split)} rows, fewer than block_size={block_size}: no "
                     "block was made. Lower --block_size or use more data (if the file should hold more rows, check "
@@ -256,18 +263,6 @@ def _pack_split(split: Dataset, name: str, tokenizer: PreTrainedTokenizerBase, b
     blocks = Dataset.from_file(str(path))
     blocks._fingerprint = key
     return blocks
-
-
-def iter_blocks(rows: Iterable[dict], tokenizer: PreTrainedTokenizerBase, block_size: int, pack: dict[str, Any],
-                dtype: np.dtype) -> Iterator[np.ndarray]:
-    """Tokenize and pack ``{"text", "doc_end"}`` rows on the fly: (block_size,) arrays, in order, with
-    the same blocks as the map-style path (``pack`` as in ``_pack_to_file``, plus ``eos_id``)."""
-    rest = np.asarray(pack["prefix"], dtype=dtype)
-    for batch in row_batches(rows):
-        ids = encode_rows(batch["text"], batch[DOC_END], tokenizer, pack["eos_id"], dtype)
-        blocks, rest = cut_blocks(np.concatenate([rest, *ids]), block_size, block_size - pack["overlap"])
-        yield from blocks
-    yield from last_block(rest, block_size, pack["overlap"], pack["pad_id"], pack["drop_remainder"])
 
 
 def _iter_block_rows(rows: IterableDataset, **kwargs: Any) -> Iterator[dict]:
@@ -297,8 +292,8 @@ def tokenize_and_pack(
     with EOS (the context of a document start), consecutive blocks share one token, and the last
     partial block is kept (padded).
 
-    Map-style splits are tokenized by ``num_proc`` processes (default: the machine's cores when the
-    text is large) into one cached packed copy; streaming splits are packed on the fly.
+    Map-style splits are tokenized by ``num_proc`` threads (default: the machine's cores) into one cached
+    packed copy; streaming splits are packed on the fly.
     """
     if block_size < 2:
         raise ValueError(f"block_size must be >= 2, got {block_size}")

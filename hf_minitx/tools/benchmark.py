@@ -15,7 +15,8 @@ Workloads:
 - `generate_seq2seq`: greedy generation (one beam) at batch 1 from a `seq2seq_len` source, hf_minitx vs BART.
 - `memory`: peak memory of a few training steps, each implementation in a fresh subprocess.
 - `mfu` (CUDA only): model FLOPs utilisation at a GPT-2-small shape in bf16, eager and `torch.compile`d.
-- data preparation (``data_prep_bench``): raw .txt to packed blocks, hf_minitx vs run_clm-style map + group_texts.
+- data preparation (``data_prep_bench``): raw .txt to packed blocks, hf_minitx vs run_clm's map + group_texts on
+  line rows and on paragraph rows.
 - quality (``quality_bench``): validation bits per byte at equal wall time, hf_minitx's default recipe vs GPT-2
   trained with nanoGPT's recipe, on the same tokens.
 """
@@ -572,8 +573,11 @@ class BenchmarkArguments:
         "help": "data preparation: MB of generated .txt to prepare (default 100, --quick 8)"})
     data_prep_files: str | None = field(default=None, metadata={
         "help": "data preparation: prepare these .txt files instead (comma-separated or a glob)"})
+    data_prep_block_size: int = field(default=256, metadata={"help": "data preparation: tokens per packed block"})
+    data_prep_rounds: int = field(default=1, metadata={"help": "data preparation: rounds of every side (median)"})
     no_data_prep: bool = field(default=False, metadata={
-        "help": "skip the data-preparation section (hf_minitx vs run_clm-style map + group_texts)"})
+        "help": "skip the data-preparation section (hf_minitx vs run_clm's map + group_texts, line and paragraph rows)"})
+    data_prep_only: bool = field(default=False, metadata={"help": "run the data-preparation section alone"})
     no_quality: bool = field(default=False, metadata={
         "help": "skip the quality section (bits/byte at equal wall time vs GPT-2 trained the nanoGPT way)"})
     quality_only: bool = field(default=False, metadata={"help": "run the quality section alone"})
@@ -625,13 +629,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
         check_output_file(args.json, overwrite=args.overwrite, option="--json", is_ours=_written_by_us)
     if args.no_quality and args.quality_only:
         raise ValueError("--no_quality and --quality_only contradict each other; give one")
+    if args.data_prep_only and (args.no_data_prep or args.quality_only):
+        raise ValueError("--data_prep_only contradicts --no_data_prep and --quality_only; give one")
+    if args.data_prep_block_size < 2 or args.data_prep_rounds < 1:
+        raise ValueError("--data_prep_block_size must be >= 2 and --data_prep_rounds >= 1")
+    data_prep_files = _expand_files(args.data_prep_files)
     quality = QualitySettings(seconds=args.quality_seconds or (30.0 if args.quick else 180.0),
                               corpora=tuple(args.quality_corpora), threads=args.threads, ours_args=args.quality_ours_args)
-    if not args.no_quality:
+    if not (args.no_quality or args.data_prep_only):
         quality.check()
     rounds = args.rounds or (3 if args.quick else 5)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    if args.quality_only:
+    if args.quality_only or args.data_prep_only:
         result = {"machine": machine_description(args.threads, args.device)}
     else:
         result = run_benchmark(shape, rounds=rounds, repeats=args.repeats, warmup=args.warmup, threads=args.threads,
@@ -639,9 +648,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
                                compile_backend=args.compile_backend, log=log)
     if not (args.no_data_prep or args.quality_only):
         result["data_preparation"] = run_data_prep(
-            megabytes=args.data_prep_mb or (8 if args.quick else 100), files=_expand_files(args.data_prep_files),
-            log=log)
-    if not args.no_quality:
+            megabytes=args.data_prep_mb or (8 if args.quick else 100), files=data_prep_files,
+            block_size=args.data_prep_block_size, rounds=args.data_prep_rounds, log=log)
+    if not (args.no_quality or args.data_prep_only):
         result["quality"] = run_quality(quality, log=log)
     result["command"] = "minitx benchmark " + " ".join(argv if argv is not None else sys.argv[1:])
     if "workloads" in result:

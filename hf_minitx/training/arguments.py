@@ -98,6 +98,12 @@ class DataArguments:
         metadata={"help": "Text files: replace bytes that are not UTF-8 with U+FFFD (counted per file in the summary) "
                           "instead of stopping with an error that names the file and the byte offset."},
     )
+    accept_changed_inputs: bool = field(
+        default=False,
+        metadata={"help": "Resume although a dataset or tokenizer file was edited in place since the run started (e.g. "
+                          "converted to UTF-8 after a decoding error); training goes on with the new content. A file "
+                          "added or removed is still refused."},
+    )
     shuffle_buffer: int = field(
         default=10_000,
         metadata={"help": "--streaming: blocks in the seeded shuffle buffer (reseeded each epoch); 0 keeps stream order."},
@@ -113,8 +119,8 @@ class DataArguments:
     )
     num_proc: int | None = field(
         default=None,
-        metadata={"help": "Processes that tokenize a map-style corpus (default: the machine's cores for 8 MB of text "
-                          "or more, else 1)."},
+        metadata={"help": "Threads that tokenize a map-style causal-LM corpus, processes for seq2seq pairs "
+                          "(default: the machine's cores for causal-LM text, 1 for pairs)."},
     )
 
 

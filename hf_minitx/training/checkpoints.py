@@ -168,19 +168,24 @@ SPLIT_FIELDS = ("seed", "validation_split", "streaming")  # what defines the val
 INPUT_FILES = "input_files"  # run identity key: {path: fingerprint} of the local files the run reads
 
 
-def check_same_inputs(checkpoint: Path, stored: dict[str, Any], expected: dict[str, Any]) -> None:
+def check_same_inputs(checkpoint: Path, stored: dict[str, Any], expected: dict[str, Any],
+                      accept_edits: bool = False) -> None:
     """Refuse to resume when a local input file (dataset, tokenizer) changed, appeared or vanished since the
-    checkpoint's run started (checkpoints written before fingerprints were kept are not checked)."""
+    checkpoint's run started (checkpoints written before fingerprints were kept are not checked). With
+    ``accept_edits`` a file edited in place (e.g. converted to UTF-8) is accepted; one that appeared or vanished
+    never is (it would move text between training and validation)."""
     old, new = stored.get(INPUT_FILES), expected.get(INPUT_FILES) or {}
     if not isinstance(old, dict):
         return
     for path in sorted(set(old) | set(new)):
-        if old.get(path) != new.get(path):
-            how = "is gone" if path not in new else "is new" if path not in old else "changed (size or content)"
+        edited = path in old and path in new
+        if old.get(path) != new.get(path) and not (edited and accept_edits):
+            how = "changed (size or content)" if edited else "is gone" if path not in new else "is new"
+            fix = ("restore the file, or pass --accept_changed_inputs to go on with the edited file, or start a new "
+                   "run in another --output_dir") if edited else "restore it, or start a new run in another --output_dir"
             raise ValueError(
                 f"input file {path} {how} since the run in checkpoint {checkpoint} started; resuming would go on "
-                "with other data than the run (and its tokenizer) began with: restore the file, or start a new "
-                "run in another --output_dir"
+                f"with other data than the run (and its tokenizer) began with: {fix}"
             )
 
 

@@ -439,7 +439,8 @@ def draw_window(run: TrainingRun, state: RunState, untrained: dict[str, Any] | N
         if checkpoint is None:
             raise
         raise UndecodableText(f"{error}. Training stopped after step {state.step} and saved {checkpoint}: resume it "
-                              "with the same command plus --skip_bad_rows --resume_from_checkpoint latest") from None
+                              "with the same command plus --skip_bad_rows --resume_from_checkpoint latest (or, once "
+                              "the file is converted, --accept_changed_inputs --resume_from_checkpoint latest)") from None
 
 
 def stop_wished(run: TrainingRun, received: int | None) -> bool:

@@ -316,7 +316,7 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     plan.resume_state = read_run_state(plan.checkpoint)
     check_compatible(plan.checkpoint, plan.resume_state, plan.identity)
     check_same_run(plan.output_dir, plan.checkpoint, plan.resume_state)
-    check_same_inputs(plan.checkpoint, plan.resume_state, plan.identity)
+    check_same_inputs(plan.checkpoint, plan.resume_state, plan.identity, accept_edits=data_args.accept_changed_inputs)
     check_checkpoint_files(plan.checkpoint, streaming=data_args.streaming)
     if train_args.max_steps is not None:  # runs of num_epochs are checked once their length is known
         check_not_complete(plan, train_args.max_steps)

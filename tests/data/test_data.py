@@ -275,11 +275,18 @@ def test_packing_loses_no_token_and_separates_documents_with_eos(tmp_path, token
         assert stream.count(tokenizer.eos_token_id) == len(dd[name])
 
 
-def test_packing_with_two_processes_matches_one(tmp_path, tokenizer):
+def test_packing_with_three_threads_matches_one(tmp_path, monkeypatch, tokenizer):
+    from hf_minitx.data import preprocessing
+
+    monkeypatch.setattr(preprocessing, "PARALLEL_CHARS_PER_BATCH", 40)  # a batch every row or two: many in flight
     dd = load_corpus(write_corpus(tmp_path / "c.jsonl", "jsonl"), validation_split=5)
-    one = tokenize_and_pack(dd, tokenizer, 16)
-    two = tokenize_and_pack(dd, tokenizer, 16, num_proc=2)
-    assert list(one["train"]["input_ids"]) == list(two["train"]["input_ids"])
+    packed = {}
+    for threads in (1, 3):  # each in its own cache: the second must not read the first's blocks
+        monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / f"cache{threads}"))
+        packed[threads] = tokenize_and_pack(dd, tokenizer, 16, num_proc=threads)
+    for name in ("train", "validation"):
+        assert packed[3][name].cache_files != packed[1][name].cache_files
+        assert list(packed[1][name]["input_ids"]) == list(packed[3][name]["input_ids"])
 
 
 def test_packing_a_split_shorter_than_a_block_is_an_error(tmp_path, tokenizer):

@@ -146,6 +146,30 @@ def test_held_out_blocks_are_the_first_evaluation_blocks(corpus_dir, tokenizer, 
     assert everything["input_ids"] == full["input_ids"]
 
 
+@pytest.mark.parametrize("pattern", ["*.txt", "part0.txt"])  # documents; one document, validation its tail
+def test_text_files_leave_no_copy_of_their_text_in_the_cache(tmp_path, monkeypatch, corpus_dir, tokenizer, pattern):
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache))
+    corpus = load_corpus(str(corpus_dir / pattern))
+    assert all(not split.cache_files for split in corpus.values()), "the text rows were written to the cache"
+    packed = tokenize_and_pack(corpus, tokenizer, 16)
+    written = sorted(p for p in cache.rglob("*") if p.is_file() and p.stat().st_size)
+    assert written == sorted(Path(split.cache_files[0]["filename"]) for split in packed.values())
+    tokens = sum(len(split) * 16 for split in packed.values())
+    assert sum(p.stat().st_size for p in written) < 2 * tokens + 2048 * len(written)  # uint16 ids and a header
+
+
+def test_text_too_large_for_memory_is_cached_once_with_the_same_rows(tmp_path, monkeypatch, corpus_dir):
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    held = load_corpus(str(corpus_dir / "part1.txt"))
+    monkeypatch.setattr(corpus_module, "IN_MEMORY_SHARE", 10**15)  # as if the text were larger than memory
+    cached = load_corpus(str(corpus_dir / "part1.txt"))
+    for name in ("train", "validation"):
+        assert cached[name].cache_files and not held[name].cache_files
+        assert cached[name]._fingerprint == held[name]._fingerprint
+        assert cached[name].to_list() == held[name].to_list()
+
+
 def test_in_memory_preparation_leaves_one_packed_copy(tmp_path, monkeypatch, corpus_dir, tokenizer):
     cache = tmp_path / "cache"
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache))

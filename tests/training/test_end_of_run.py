@@ -197,6 +197,20 @@ def test_resuming_with_another_validation_split_is_refused(two_steps, text_file,
     assert snapshot(run) == before
 
 
+def test_resuming_a_streaming_run_without_streaming_is_refused(corpus, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    train_main(stream_args(corpus, out, "--max_steps", "2", "--checkpointing_steps", "2"))
+    before = snapshot(out)
+    args = stream_args(corpus, out, "--max_steps", "4", "--resume_from_checkpoint", "latest")
+    args.remove("--streaming")  # rows read in memory would carve another validation split than the stream's
+    del args[args.index("--shuffle_buffer") : args.index("--shuffle_buffer") + 2]
+    capsys.readouterr()
+    assert minitx(["train", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "streaming: checkpoint has True, this run has False" in err[0], err
+    assert snapshot(out) == before
+
+
 def test_a_file_listed_twice_or_matched_twice_is_read_once(tmp_path, caplog):
     folder = tmp_path / "texts"
     folder.mkdir()
@@ -236,6 +250,7 @@ def test_streaming_resume_after_a_signal_gives_the_uninterrupted_weights(corpus,
 # --- 4. bad bytes in a streamed corpus ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bad_bytes_deep_in_a_stream_are_named_saved_at_and_skipped(tmp_path, monkeypatch, capsys):
     import functools
 
@@ -271,11 +286,25 @@ def test_bad_bytes_deep_in_a_stream_are_named_saved_at_and_skipped(tmp_path, mon
     step = json.loads((saved[0] / "run_state.json").read_text())["step"]
     assert step > 0  # it failed deep in the stream, after training steps
 
+    fixed = tmp_path / "fixed"
+    shutil.copytree(out, fixed)
     REPLACED_BYTES.clear()
     resumed = [*args[:-1], str(step + 3), "--skip_bad_rows", "--resume_from_checkpoint", "latest"]
     assert minitx(["train", *resumed]) == 0
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["steps"] == step + 3 and summary["bad_bytes_replaced"] == {str(bad): 1}
+
+    # or the file is repaired in place, and the run goes on with it once that is accepted explicitly
+    bad.write_bytes(data)
+    REPLACED_BYTES.clear()
+    resumed = [*args[:-1], str(step + 3), "--output_dir", str(fixed), "--resume_from_checkpoint", "latest"]
+    capsys.readouterr()
+    assert minitx(["train", *resumed]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{bad} changed" in err[0] and "--accept_changed_inputs" in err[0], err
+    assert minitx(["train", *resumed, "--accept_changed_inputs"]) == 0
+    summary = json.loads((fixed / "training_summary.json").read_text())
+    assert summary["steps"] == step + 3 and not summary.get("bad_bytes_replaced")
 
 
 # --- 6. damaged checkpoints are named ----------------------------------------------------------------------
