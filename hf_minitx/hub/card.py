@@ -158,6 +158,15 @@ def _training_rows(summary: dict) -> list[tuple[str, str]]:
     return rows + _recipe_rows(summary.get("recipe") or {})
 
 
+def _momentum_text(group: dict) -> str:
+    """", momentum 0.85" (Muon) or ", betas (0.9, 0.98)" (AdamW) of a recorded group; "" for older records."""
+    if "momentum" in group:
+        return f", momentum {group['momentum']:g}"
+    if "betas" in group:
+        return ", betas ({:g}, {:g})".format(*group["betas"])
+    return ""
+
+
 def _recipe_rows(recipe: dict) -> list[tuple[str, str]]:
     """(name, value) rows of the recorded recipe: optimizer and its groups, schedule, batch, lengths, clipping."""
     rows = []
@@ -165,7 +174,8 @@ def _recipe_rows(recipe: dict) -> list[tuple[str, str]]:
         rows.append(("Optimizer", f"`{recipe['optimizer']}`"))
     for group in recipe.get("parameter_groups") or []:
         rows.append((f"Group `{group['name']}`", f"{group['optimizer']}, peak lr {group['learning_rate']:g}, weight decay "
-                     f"{group['weight_decay']:g}, {group['tensors']} tensors, {int(group['parameters']):,} parameters"))
+                     f"{group['weight_decay']:g}{_momentum_text(group)}, {group['tensors']} tensors, "
+                     f"{int(group['parameters']):,} parameters"))
     schedule = recipe.get("schedule") or {}
     if schedule:
         text = f"`{schedule['type']}`, {schedule['warmup_steps']} warmup steps, {schedule['total_steps']:,} steps"

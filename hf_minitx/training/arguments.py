@@ -163,7 +163,10 @@ class TrainArguments:
     muon_learning_rate: float = field(
         default=0.05, metadata={"help": "--optimizer muon: peak learning rate of Muon (the hidden 2-D matrices)."}
     )
-    muon_momentum: float = field(default=0.95, metadata={"help": "--optimizer muon: Muon's (Nesterov) momentum."})
+    muon_momentum: float = field(
+        default=0.85, metadata={"help": "--optimizer muon: Muon's (Nesterov) momentum; 0.85 follows the gradient "
+                                        "sooner than the usual 0.95, which pays off in runs of a few hundred steps."}
+    )
     muon_weight_decay: float = field(
         default=0.0, metadata={"help": "--optimizer muon: decoupled weight decay of the Muon matrices."}
     )

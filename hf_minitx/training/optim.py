@@ -239,13 +239,21 @@ def check_optimizer_arguments(args: OptimizerArguments) -> None:
 
 
 def describe_optimizer(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
-    """One record per parameter group: name, optimizer, peak lr, weight decay, tensors and parameters."""
+    """One record per parameter group: name, optimizer, peak lr, weight decay, momentum (Muon: its Nesterov
+    momentum; AdamW: its betas), tensors and parameters."""
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds ours
     parts = inner.parts if isinstance(inner, CombinedOptimizer) else {type(inner).__name__.lower(): inner}
     return [{"name": group.get("name", f"{kind}_{i}"), "optimizer": type(part).__name__,
              "learning_rate": group.get("initial_lr", group["lr"]), "weight_decay": group["weight_decay"],
-             "tensors": len(group["params"]), "parameters": _count(group["params"])}
+             **_momentum(group), "tensors": len(group["params"]), "parameters": _count(group["params"])}
             for kind, part in parts.items() for i, group in enumerate(part.param_groups)]
+
+
+def _momentum(group: dict[str, Any]) -> dict[str, Any]:
+    """{"momentum": mu} of a Muon group, {"betas": [b1, b2]} of an Adam group, {} otherwise."""
+    if "betas" in group:
+        return {"betas": [float(b) for b in group["betas"]]}
+    return {"momentum": float(group["momentum"])} if "momentum" in group else {}
 
 
 def _count(params: Iterable[torch.Tensor]) -> int:

@@ -505,9 +505,10 @@ def test_card_records_the_training_recipe(causal_copy):
     text = render_model_card(causal_copy, repo_id="alice/tiny")
     muon = recipe["parameter_groups"][0]
     assert "| Optimizer | `muon` |" in text
-    assert (f"| Group `muon` | Muon, peak lr 0.03, weight decay 0, {muon['tensors']} tensors, "
-            f"{muon['parameters']:,} parameters |") in text
-    assert f"| Group `adamw_no_decay` | AdamW, peak lr {args.learning_rate:g}, weight decay 0," in text
+    assert (f"| Group `muon` | Muon, peak lr 0.03, weight decay 0, momentum {args.muon_momentum:g}, "
+            f"{muon['tensors']} tensors, {muon['parameters']:,} parameters |") in text
+    assert (f"| Group `adamw_no_decay` | AdamW, peak lr {args.learning_rate:g}, weight decay 0, "
+            f"betas ({args.adam_beta1:g}, {args.adam_beta2:g}),") in text
     assert ("| Schedule | `warmup_stable_decay`, 10 warmup steps, 120 steps, linear decay over the last 24 to 0 x "
             "peak |") in text
     assert "| Batch | 32 rows per optimizer step (16 per process x 2 accumulation) |" in text

@@ -76,6 +76,8 @@ def test_described_groups_count_every_parameter(make_config):
     assert [r["optimizer"] for r in records] == ["Muon", "AdamW", "AdamW"]
     assert sum(r["parameters"] for r in records) == sum(p.numel() for p in model.parameters())
     assert records[0]["learning_rate"] == TrainArguments().muon_learning_rate
+    assert records[0]["momentum"] == TrainArguments().muon_momentum  # the whole recipe is on record
+    assert records[1]["betas"] == [TrainArguments().adam_beta1, TrainArguments().adam_beta2]
 
 
 def _step(model, optimizer, seed):
