@@ -105,14 +105,42 @@ class Muon(torch.optim.Muon):
 def newton_schulz(matrix: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
                   eps: float) -> torch.Tensor:
     """An approximately semi-orthogonal matrix with the singular vectors of ``matrix`` (rows, cols), by the
-    quintic Newton-Schulz iteration X <- aX + (bA + cA^2)X, A = XX^T, on the wide orientation."""
-    a, b, c = coefficients
-    wide = matrix.T if matrix.size(0) > matrix.size(1) else matrix  # (short, long): the Gram matrix stays small
+    quintic Newton-Schulz iteration X <- aX + (bA + cA^2)X, A = XX^T, on the wide orientation (short, long).
+
+    Every iterate is P X0 with P a polynomial in A0 = X0 X0^T, so when the long side is at least twice the
+    short one the iteration runs on (short, short) matrices (``gram_newton_schulz``): the same result up to
+    float32 rounding, for about 60% of the FLOPs at (128, 512).
+    """
+    tall = matrix.size(0) > matrix.size(1)
+    wide = matrix.T if tall else matrix  # (short, long): the Gram matrix stays small
     x = wide / wide.norm().clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
-    for _ in range(steps):
-        gram = x @ x.T  # (short, short)
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if matrix.size(0) > matrix.size(1) else x
+    if x.size(1) >= 2 * x.size(0):
+        x = gram_newton_schulz(x, coefficients, steps)
+    else:
+        a, b, c = coefficients
+        for _ in range(steps):
+            gram = x @ x.T  # (short, short)
+            x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+def gram_newton_schulz(x: torch.Tensor, coefficients: tuple[float, float, float], steps: int) -> torch.Tensor:
+    """The Newton-Schulz iterate of a wide ``x`` (short, long), computed on its Gram matrix.
+
+    With A = X X^T and P = aI + bA + cA^2, one step maps X to P X and A to P A P = P^2 A (P and A commute), so
+    ``steps`` steps are the product Q of the P's applied once to x: 4 (short, short) products per step plus
+    two (short, long) ones, instead of 3 products with a (short, long) operand per step.
+    """
+    a, b, c = coefficients
+    gram = x @ x.T  # (short, short)
+    eye = torch.eye(gram.size(0), dtype=gram.dtype, device=gram.device)
+    product = None
+    for step in range(steps):
+        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c).add_(eye, alpha=a)  # aI + bA + cA^2
+        product = poly if product is None else poly @ product
+        if step < steps - 1:
+            gram = poly @ gram @ poly
+    return product @ x if product is not None else x
 
 
 class CombinedOptimizer(torch.optim.Optimizer):

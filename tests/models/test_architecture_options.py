@@ -102,6 +102,39 @@ def test_rmsnorm_gives_unit_rms_without_subtracting_the_mean_or_a_bias():
     assert half.dtype == torch.bfloat16
 
 
+def test_rmsnorm_written_out_gradient_equals_autograds():
+    from hf_minitx.models.layers_minitx import RMSNormFunction
+
+    def composite(x, weight, eps=1e-6):  # the formula, differentiated by autograd
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+    x = (torch.randn(2, 3, 5, dtype=torch.float64) + 1.0).requires_grad_()
+    weight = torch.rand(5, dtype=torch.float64).add_(0.5).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, w: RMSNormFunction.apply(a, w, 1e-6), (x, weight))
+    grad = torch.randn(2, 3, 5, dtype=torch.float64)
+    expected = torch.autograd.grad(composite(x, weight), (x, weight), grad)
+    got = torch.autograd.grad(RMSNormFunction.apply(x, weight, 1e-6), (x, weight), grad)
+    for a, b in zip(expected, got, strict=True):
+        torch.testing.assert_close(a, b)
+    # the module takes the function only with gradients; both paths give the same values and dtypes
+    norm = MiniTxRMSNorm(5, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(weight.float())
+    inputs = x.detach().float().requires_grad_()
+    trained = norm(inputs)
+    trained.sum().backward()
+    assert inputs.grad is not None and norm.weight.grad is not None
+    with torch.no_grad():
+        torch.testing.assert_close(norm(inputs), trained)
+    half = x.detach().to(torch.bfloat16).requires_grad_()
+    norm(half).sum().backward()
+    assert half.grad.dtype == torch.bfloat16 and norm.weight.grad.dtype == torch.float32
+    norm.weight.requires_grad_(False)  # frozen weight (e.g. PEFT): no weight gradient is computed
+    frozen = x.detach().float().requires_grad_()
+    norm(frozen).sum().backward()
+    assert frozen.grad is not None and norm.weight.grad.dtype == torch.float32
+
+
 @pytest.mark.parametrize(("kind", "make"), KINDS)
 def test_rmsnorm_replaces_every_layernorm(kind, make):
     model = make(norm_type="rmsnorm", qk_norm=True)

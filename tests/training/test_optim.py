@@ -185,6 +185,24 @@ def test_muon_step_is_torchs_muon_with_float32_orthogonalisation(monkeypatch):
     assert singular.min() > 0.5 and singular.max() < 1.5  # semi-orthogonal, up to the iteration's slack
 
 
+@pytest.mark.parametrize("shape", [(24, 96), (96, 24), (24, 40), (40, 40)])
+def test_newton_schulz_on_the_gram_matrix_is_the_plain_iteration(shape):
+    from hf_minitx.training.optim import newton_schulz
+
+    a, b, c = coefficients = (3.4445, -4.775, 2.0315)
+    torch.manual_seed(0)
+    matrix = torch.randn(*shape, dtype=torch.float64) * torch.logspace(-2, 0, shape[1], dtype=torch.float64)
+    x = matrix.T if shape[0] > shape[1] else matrix
+    x = x / x.norm()
+    for _ in range(5):  # X <- aX + (bA + cA^2)X, A = XX^T, written plainly
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    expected = x.T if shape[0] > shape[1] else x
+    torch.testing.assert_close(newton_schulz(matrix, coefficients, 5, 1e-7), expected)
+    torch.testing.assert_close(newton_schulz(matrix.float(), coefficients, 5, 1e-7), expected.float(),
+                               atol=1e-5, rtol=1e-4)
+
+
 def test_the_schedule_reaches_both_parts_after_accelerate_prepares_and_reloads_them(make_config):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
