@@ -15,8 +15,9 @@ from .positions_minitx import apply_rotary
 
 
 def rms_normalize(states: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(normalised states, 1 / rms) of float32 ``states`` (..., size): x / sqrt(mean(x²) + eps), and the (..., 1)
-    factor."""
+    """(normalised states, 1 / rms) of ``states`` (..., size), in float32 or wider: x / sqrt(mean(x²) + eps), and
+    the (..., 1) factor."""
+    states = states.to(torch.promote_types(states.dtype, torch.float32))
     inverse_rms = torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
     return states * inverse_rms, inverse_rms
 
@@ -26,20 +27,20 @@ class RMSNormFunction(torch.autograd.Function):
     chain through pow, mean, rsqrt and two products (about 2.5x faster on a CPU at (8, 128, 128)).
 
     With n = x / rms and g the gradient of y = n * w: dx = (g w - n mean(g w n)) / rms, dw = sum of g n over
-    every position. Computed in float32; x's and w's dtypes are kept.
+    every position. Computed in float32 (float64 stays float64); x's and w's dtypes are kept.
     """
 
     @staticmethod
     def forward(ctx, hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        normalised, inverse_rms = rms_normalize(hidden_states.float(), eps)
+        normalised, inverse_rms = rms_normalize(hidden_states, eps)
         ctx.save_for_backward(normalised, inverse_rms, weight)
-        return (normalised * weight.float()).to(hidden_states.dtype)
+        return (normalised * weight.to(normalised.dtype)).to(hidden_states.dtype)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
         normalised, inverse_rms, weight = ctx.saved_tensors
-        grad = grad_output.float()
-        grad_normalised = grad * weight.float()
+        grad = grad_output.to(normalised.dtype)
+        grad_normalised = grad * weight.to(normalised.dtype)
         grad_input = grad_weight = None
         if ctx.needs_input_grad[0]:
             projection = (grad_normalised * normalised).mean(-1, keepdim=True)  # (..., 1)
@@ -66,8 +67,8 @@ class MiniTxRMSNorm(nn.Module):
         """(..., size) -> (..., size) with unit root mean square, times `weight`."""
         if torch.is_grad_enabled() and (hidden_states.requires_grad or self.weight.requires_grad):
             return RMSNormFunction.apply(hidden_states, self.weight, self.eps)
-        normalised, _ = rms_normalize(hidden_states.float(), self.eps)
-        return (normalised * self.weight.float()).to(hidden_states.dtype)
+        normalised, _ = rms_normalize(hidden_states, self.eps)
+        return (normalised * self.weight.to(normalised.dtype)).to(hidden_states.dtype)
 
 
 # The one seam of norms: config.norm_type -> (size, eps) -> module.
