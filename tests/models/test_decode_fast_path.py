@@ -202,13 +202,15 @@ def test_generation_weights_compute_the_linear_maps_in_the_layout_decoding_reads
         with torch.no_grad():
             for linear in (attention.o_proj, mlp.fc1, mlp.fc2, model.lm_head):
                 copy = vars(linear)["generation_weight"]
-                assert copy.transposed == (linear.out_features >= linear.in_features)
-                assert copy.transposed or copy.weight.data_ptr() == linear.weight.data_ptr()  # narrow: not copied
-                inputs = torch.randn(3, 2, linear.in_features)
-                torch.testing.assert_close(project(linear, inputs), linear(inputs))
+                assert (copy.by_input is not None) == (linear.out_features >= linear.in_features)
+                assert copy.weight.data_ptr() == linear.weight.data_ptr()  # as stored: not copied
+                for rows in ((3, 2), (1, 1)):  # weight @ states^T for several rows, the (in, out) copy for one
+                    inputs = torch.randn(*rows, linear.in_features)
+                    torch.testing.assert_close(project(linear, inputs), linear(inputs))
             fused = vars(attention)["fused_qkv"]
             expected = torch.cat([attention.q_proj(states), attention.k_proj(states), attention.v_proj(states)], -1)
             torch.testing.assert_close(project_with(fused, states), expected)
+            torch.testing.assert_close(project_with(fused, states[:1, :1]), expected[:1, :1])
         calls = []
         mlp.fc1.register_forward_hook(lambda *_: calls.append(1))
         project(mlp.fc1, states)  # with grad (training): the module itself, hooks and all
