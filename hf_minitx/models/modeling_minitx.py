@@ -552,7 +552,7 @@ class MiniTxLMHeadMixin:
         if beams is not None and (not isinstance(beams, int) or isinstance(beams, bool) or beams < 1):
             raise ValueError(f"generate(num_beams={beams!r}): num_beams must be an integer >= 1 "
                              "(1 = greedy or sampling, more = beam search).")
-        self.fuse_projections(self.decodes_long_enough(config, kwargs))
+        self.fuse_projections(self.decodes_long_enough(config, kwargs), self.weight_parts(config, kwargs))
         try:
             out = super().generate(*args, **kwargs)
         finally:
@@ -570,16 +570,25 @@ class MiniTxLMHeadMixin:
         new_tokens = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
         return new_tokens is None or new_tokens >= self.decode_layout_min_new_tokens
 
-    def fuse_projections(self, fuse: bool) -> None:
+    @staticmethod
+    def weight_parts(config, kwargs: dict) -> int:
+        """Parts of the single-row weight copies (`generation_weight`): one per CPU thread, or 1 for a call with
+        a static cache, which `generate()` may compile (torch.compile turns the batched product of the parts into
+        its own loop, slower than BLAS's single product)."""
+        cache_implementation = kwargs.get("cache_implementation", getattr(config, "cache_implementation", None))
+        return 1 if cache_implementation not in (None, "dynamic") else max(1, torch.get_num_threads())
+
+    def fuse_projections(self, fuse: bool, parts: int = 1) -> None:
         """For the length of a `generate()` call, the decoder's weights as decoding reads them fastest (or back).
 
         Every self-attention gets one q/k/v weight, and the decoder's other linear layers and the head a copy in
-        the layout of `generation_weight`; the encoder (run once per call) keeps its own.
+        the layout of `generation_weight` (single-row copies in `parts`); the encoder (run once per call) keeps
+        its own.
         """
         for module in self.model.decoder.modules():
             if isinstance(module, (MiniTxAttention, MiniTxMLP)):
-                module.fuse_projections(fuse)
-        set_generation_weight(self.lm_head, fuse)
+                module.fuse_projections(fuse, parts)
+        set_generation_weight(self.lm_head, fuse, parts)
 
     def prepare_inputs_for_generation(
         self,

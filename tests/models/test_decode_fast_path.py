@@ -192,17 +192,47 @@ def test_a_short_generate_call_reads_the_weights_as_stored(build, monkeypatch):
     assert seen == [True] * long
     assert torch.equal(many[:, :few.shape[1]], few)
 
-def test_generation_weights_compute_the_linear_maps_in_the_layout_decoding_reads_fastest():
-    """Wide weights (out >= in) become (in, out) copies on a CPU, narrow ones are read as stored; same outputs."""
+def test_single_row_copies_come_in_one_part_per_thread_except_for_a_static_cache():
+    """A dynamic-cache call splits the single-row copies over the CPU threads (one batched product, each thread
+    its part); a static-cache call, which generate() may compile, keeps one part. Same tokens either way."""
     model = tiny_causal()
-    model.fuse_projections(True)
+    parts = []
+    model.model.decoder.register_forward_hook(
+        lambda *_: parts.append(vars(model.lm_head)["generation_weight"].by_input.shape[0]))
+    ids = random_ids(1, 4)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        split = model.generate(ids, max_new_tokens=4, min_new_tokens=4, **GREEDY)
+        assert parts == [2] * 4
+        parts.clear()
+        static = model.generate(ids, max_new_tokens=4, min_new_tokens=4, cache_implementation="static", **GREEDY)
+        assert parts == [1] * 4
+        torch.set_num_threads(1)
+        parts.clear()
+        single = model.generate(ids, max_new_tokens=4, min_new_tokens=4, **GREEDY)
+        assert parts == [1] * 4
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(split, static) and torch.equal(split, single)
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_generation_weights_compute_the_linear_maps_in_the_layout_decoding_reads_fastest(parts):
+    """Wide weights (out >= in) get (parts, in, out / parts) copies on a CPU for single rows, narrow ones are read
+    as stored; several rows read the stored weight; same outputs either way."""
+    model = tiny_causal()
+    model.fuse_projections(True, parts)
     try:
         attention, mlp = model.model.decoder.layers[0].self_attn, model.model.decoder.layers[0].mlp
         states = torch.randn(3, 2, model.config.hidden_size)
         with torch.no_grad():
             for linear in (attention.o_proj, mlp.fc1, mlp.fc2, model.lm_head):
                 copy = vars(linear)["generation_weight"]
-                assert (copy.by_input is not None) == (linear.out_features >= linear.in_features)
+                wide = linear.out_features >= linear.in_features
+                assert (copy.by_input is not None) == wide
+                if wide:
+                    assert copy.by_input.shape == (parts, linear.in_features, linear.out_features // parts)
                 assert copy.weight.data_ptr() == linear.weight.data_ptr()  # as stored: not copied
                 for rows in ((3, 2), (1, 1)):  # weight @ states^T for several rows, the (in, out) copy for one
                     inputs = torch.randn(*rows, linear.in_features)
