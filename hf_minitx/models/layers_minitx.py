@@ -27,17 +27,30 @@ class RMSNormFunction(torch.autograd.Function):
     chain through pow, mean, rsqrt and two products (about 2.5x faster on a CPU at (8, 128, 128)).
 
     With n = x / rms and g the gradient of y = n * w: dx = (g w - n mean(g w n)) / rms, dw = sum of g n over
-    every position. Computed in float32 (float64 stays float64); x's and w's dtypes are kept.
+    every position. Computed in float32 (float64 stays float64); x's and w's dtypes are kept. torch.func's
+    grad and vmap work through it; the backward is differentiable once (a second derivative, as for a
+    gradient penalty, raises instead of being wrong) and forward-mode AD is not provided: for those, compute
+    RMSNorm with the plain formula (``rms_normalize``).
     """
 
-    @staticmethod
-    def forward(ctx, hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        normalised, inverse_rms = rms_normalize(hidden_states, eps)
-        ctx.save_for_backward(normalised, inverse_rms, weight)
-        return (normalised * weight.to(normalised.dtype)).to(hidden_states.dtype)
+    generate_vmap_rule = True  # torch.func.vmap / grad work through setup_context
 
     @staticmethod
-    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+    def forward(hidden_states: torch.Tensor, weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(output, normalised states, 1 / rms): the last two are for backward only (not differentiable)."""
+        normalised, inverse_rms = rms_normalize(hidden_states, eps)
+        return (normalised * weight.to(normalised.dtype)).to(hidden_states.dtype), normalised, inverse_rms
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, outputs: tuple) -> None:
+        _, normalised, inverse_rms = outputs
+        ctx.mark_non_differentiable(normalised, inverse_rms)
+        ctx.save_for_backward(normalised, inverse_rms, inputs[1])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output: torch.Tensor, *_) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
         normalised, inverse_rms, weight = ctx.saved_tensors
         grad = grad_output.to(normalised.dtype)
         grad_normalised = grad * weight.to(normalised.dtype)
@@ -66,7 +79,7 @@ class MiniTxRMSNorm(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """(..., size) -> (..., size) with unit root mean square, times `weight`."""
         if torch.is_grad_enabled() and (hidden_states.requires_grad or self.weight.requires_grad):
-            return RMSNormFunction.apply(hidden_states, self.weight, self.eps)
+            return RMSNormFunction.apply(hidden_states, self.weight, self.eps)[0]
         normalised, _ = rms_normalize(hidden_states, self.eps)
         return (normalised * self.weight.to(normalised.dtype)).to(hidden_states.dtype)
 

@@ -573,10 +573,12 @@ class MiniTxLMHeadMixin:
     @staticmethod
     def weight_parts(config, kwargs: dict) -> int:
         """Parts of the single-row weight copies (`generation_weight`): one per CPU thread, or 1 for a call with
-        a static cache, which `generate()` may compile (torch.compile turns the batched product of the parts into
-        its own loop, slower than BLAS's single product)."""
+        a static cache (asked for, or passed in), which `generate()` may compile (torch.compile turns the batched
+        product of the parts into its own loop, slower than BLAS's single product)."""
         cache_implementation = kwargs.get("cache_implementation", getattr(config, "cache_implementation", None))
-        return 1 if cache_implementation not in (None, "dynamic") else max(1, torch.get_num_threads())
+        given = cache_argument(kwargs.get("cache"), kwargs.get("past_key_values"))
+        static = cache_implementation not in (None, "dynamic") or (isinstance(given, Cache) and given.is_compileable)
+        return 1 if static else max(1, torch.get_num_threads())
 
     def fuse_projections(self, fuse: bool, parts: int = 1) -> None:
         """For the length of a `generate()` call, the decoder's weights as decoding reads them fastest (or back).

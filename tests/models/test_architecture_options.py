@@ -110,10 +110,10 @@ def test_rmsnorm_written_out_gradient_equals_autograds():
 
     x = (torch.randn(2, 3, 5, dtype=torch.float64) + 1.0).requires_grad_()
     weight = torch.rand(5, dtype=torch.float64).add_(0.5).requires_grad_()
-    assert torch.autograd.gradcheck(lambda a, w: RMSNormFunction.apply(a, w, 1e-6), (x, weight))
+    assert torch.autograd.gradcheck(lambda a, w: RMSNormFunction.apply(a, w, 1e-6)[0], (x, weight))
     grad = torch.randn(2, 3, 5, dtype=torch.float64)
     expected = torch.autograd.grad(composite(x, weight), (x, weight), grad)
-    got = torch.autograd.grad(RMSNormFunction.apply(x, weight, 1e-6), (x, weight), grad)
+    got = torch.autograd.grad(RMSNormFunction.apply(x, weight, 1e-6)[0], (x, weight), grad)
     for a, b in zip(expected, got, strict=True):
         torch.testing.assert_close(a, b)
     # the module takes the function only with gradients; both paths give the same values and dtypes
@@ -129,6 +129,13 @@ def test_rmsnorm_written_out_gradient_equals_autograds():
     half = x.detach().to(torch.bfloat16).requires_grad_()
     norm(half).sum().backward()
     assert half.grad.dtype == torch.bfloat16 and norm.weight.grad.dtype == torch.float32
+    # torch.func works through it; a second derivative raises rather than being silently wrong
+    double = MiniTxRMSNorm(5, eps=1e-6).double()
+    func_grad = torch.func.grad(lambda a: double(a).pow(3).sum())(x.detach())
+    torch.testing.assert_close(func_grad, torch.autograd.grad(composite(x, double.weight).pow(3).sum(), x)[0])
+    first, = torch.autograd.grad(double(x).pow(3).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        first.sum().backward()
     norm.weight.requires_grad_(False)  # frozen weight (e.g. PEFT): no weight gradient is computed
     frozen = x.detach().float().requires_grad_()
     norm(frozen).sum().backward()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import DECODE_LAYOUT_MIN_NEW_TOKENS, random_ids, tiny_causal, tiny_seq2seq
 from transformers import GenerationMixin
-from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache, StaticCache
 
 from hf_minitx.models import modeling_minitx
 from hf_minitx.models.layers_minitx import project, project_with
@@ -208,6 +208,10 @@ def test_single_row_copies_come_in_one_part_per_thread_except_for_a_static_cache
         parts.clear()
         static = model.generate(ids, max_new_tokens=4, min_new_tokens=4, cache_implementation="static", **GREEDY)
         assert parts == [1] * 4
+        parts.clear()
+        cache = StaticCache(config=model.config, max_cache_len=16)  # a static cache passed in: the same
+        given = model.generate(ids, max_new_tokens=4, min_new_tokens=4, **{CACHE_NAME: cache}, **GREEDY)
+        assert parts == [1] * 4 and torch.equal(given, static)
         torch.set_num_threads(1)
         parts.clear()
         single = model.generate(ids, max_new_tokens=4, min_new_tokens=4, **GREEDY)

@@ -203,6 +203,24 @@ def test_newton_schulz_on_the_gram_matrix_is_the_plain_iteration(shape):
                                atol=1e-5, rtol=1e-4)
 
 
+def test_newton_schulz_stays_bounded_on_rank_one_updates_at_any_number_of_steps():
+    """The Gram form's rounding grows in the null directions with each step: it is used for up to 5 steps
+    (close to the exact iteration even for a rank-1 update), the plain form beyond."""
+    from hf_minitx.training.optim import GRAM_MAX_STEPS, newton_schulz
+
+    coefficients = (3.4445, -4.775, 2.0315)
+    torch.manual_seed(0)
+    update = torch.randn(32, 1) @ torch.randn(1, 128)  # rank 1: all but one singular value are zero
+    x = update.double() / update.double().norm()
+    for steps in range(1, 13):
+        gram = x @ x.T
+        x = coefficients[0] * x + (coefficients[1] * gram + coefficients[2] * gram @ gram) @ x
+        got = newton_schulz(update, coefficients, steps, 1e-7).double()
+        assert torch.isfinite(got).all() and got.abs().max() < 1.0, steps  # the Gram form gave NaN at 10 steps
+        if steps <= GRAM_MAX_STEPS:  # beyond, even the plain float32 form drifts from the exact iterate
+            assert (got - x).abs().max() <= 3e-3 * x.abs().max(), steps
+
+
 def test_the_schedule_reaches_both_parts_after_accelerate_prepares_and_reloads_them(make_config):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
