@@ -80,8 +80,7 @@ class MiniTxRMSNorm(nn.Module):
         """(..., size) -> (..., size) with unit root mean square, times `weight`."""
         if torch.is_grad_enabled() and (hidden_states.requires_grad or self.weight.requires_grad):
             return RMSNormFunction.apply(hidden_states, self.weight, self.eps)[0]
-        normalised, _ = rms_normalize(hidden_states, self.eps)
-        return (normalised * self.weight.to(normalised.dtype)).to(hidden_states.dtype)
+        return RMSNormFunction.forward(hidden_states, self.weight, self.eps)[0]  # the same formula, no autograd
 
 
 # The one seam of norms: config.norm_type -> (size, eps) -> module.
@@ -134,8 +133,8 @@ def generation_weight(linears: tuple[nn.Linear, ...], parts: int = 1) -> Generat
     out / parts). The matrix-vector product then streams rows of outputs instead of taking one short dot product
     per output, and a batched product gives each thread its own part (BLAS runs a single matrix-vector product
     on one thread): about 1.6x faster than the stored layout over the benchmark's weights on 2 cores, same
-    values. A single weight is otherwise not copied. None where a linear is not a plain `nn.Linear` without hooks (PEFT, accelerate):
-    those keep their own call.
+    values. A single weight is otherwise not copied. None where a linear is not a plain `nn.Linear` without
+    hooks (PEFT, accelerate): those keep their own call.
     """
     if any(type(p) is not nn.Linear or p._forward_hooks or p._forward_pre_hooks for p in linears):
         return None
@@ -169,13 +168,11 @@ def project_with(copy: GenerationWeight, states: torch.Tensor) -> torch.Tensor:
         parts = copy.by_input.shape[0]
         if parts == 1:  # one (in, out) product (and what torch.compile keeps as BLAS's, not its own loop)
             out = flat @ copy.by_input[0] if copy.bias is None else torch.addmm(copy.bias, flat, copy.by_input[0])
-            return out.view(*states.shape[:-1], out.shape[-1])  # (..., out)
-        row = flat.expand(parts, 1, flat.shape[-1])  # (parts, 1, in)
-        if copy.bias is None:
-            out = torch.bmm(row, copy.by_input)  # (parts, 1, out/parts)
         else:
-            out = torch.baddbmm(copy.bias.view(parts, 1, -1), row, copy.by_input)  # (parts, 1, out/parts)
-        out = out.view(1, -1)  # (1, out): the parts in order
+            row = flat.expand(parts, 1, flat.shape[-1])  # (parts, 1, in)
+            bias = None if copy.bias is None else copy.bias.view(parts, 1, -1)
+            out = torch.bmm(row, copy.by_input) if bias is None else torch.baddbmm(bias, row, copy.by_input)
+            out = out.view(1, -1)  # (parts, 1, out/parts) -> (1, out): the parts in order
     elif copy.bias is None:
         out = (copy.weight @ flat.T).T  # (rows, out), strides (1, rows)
     else:
