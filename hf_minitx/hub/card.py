@@ -146,6 +146,7 @@ def _training_rows(summary: dict) -> list[tuple[str, str]]:
         if summary.get("tokens_seen"):
             rate = summary["tokens_seen"] / max(float(summary["train_seconds"]), 1e-9)
             rows.append(("Throughput", f"{_human(rate)} tokens/s"))
+    rows += _budget_rows(summary)
     if summary.get("hardware"):
         rows.append(("Hardware", str(summary["hardware"])))
     if summary.get("num_processes"):
@@ -156,6 +157,23 @@ def _training_rows(summary: dict) -> list[tuple[str, str]]:
     if summary.get("seed") is not None:
         rows.append(("Seed", str(summary["seed"])))
     return rows + _recipe_rows(summary.get("recipe") or {})
+
+
+def _budget_rows(summary: dict) -> list[tuple[str, str]]:
+    """Rows of the time budget's plan and what ran, the passes over the data, and the step whose weights were kept."""
+    rows = []
+    budget = summary.get("time_budget") or {}
+    if budget.get("planned_steps"):
+        ended = "the plan ran to its end" if budget.get("ended_by") == "plan" else "the clock stopped it first"
+        rows.append(("Time budget", f"{budget['budget_minutes']:g} min: {budget['planned_steps']:,} steps planned after a "
+                     f"{budget['probe_steps']}-step timed probe; {budget['steps_run']:,} ran ({ended})"))
+    if summary.get("epochs") is not None:
+        rows.append(("Passes over the training data", f"{float(summary['epochs']):.2f}"))
+    kept = summary.get("kept") or {}
+    if kept and kept.get("step") != kept.get("last_step"):
+        rows.append(("Weights kept", f"step {kept['step']:,} (best validation loss {kept['eval_loss']:.4f}; the last "
+                     f"step, {kept['last_step']:,}, scored {kept['last_eval_loss']:.4f})"))
+    return rows
 
 
 def _momentum_text(group: dict) -> str:

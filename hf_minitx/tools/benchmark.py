@@ -43,7 +43,7 @@ from ..device import pick_device
 from ..folders import WRITTEN_BY, check_output_file, write_file
 from .data_prep_bench import format_data_prep, run_data_prep
 from .generation_bench import COMPILED_SUFFIX, generation_step
-from .quality_bench import QUALITY_CORPORA, QualitySettings, format_quality, run_quality
+from .quality_bench import QUALITY_CORPORA, QualitySettings, format_quality, plot_curves, run_quality
 
 # Workload name -> (reference implementation, implementations) in the order they are built.
 WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -582,8 +582,12 @@ class BenchmarkArguments:
         "help": "skip the quality section (bits/byte at equal wall time vs GPT-2 trained the nanoGPT way)"})
     quality_only: bool = field(default=False, metadata={"help": "run the quality section alone"})
     quality_seconds: float | None = field(default=None, metadata={
-        "help": "quality: training wall time in seconds of each side on each corpus, both sides at the same time "
-                "(default 180, --quick 30)"})
+        "help": "quality: training wall time in seconds of each side on each corpus, each side alone, one after the "
+                "other (default 180, --quick 30)"})
+    quality_threads: int | None = field(default=None, metadata={
+        "help": "quality: torch threads of each side (default: every core, as users train)"})
+    quality_plot: str | None = field(default=None, metadata={
+        "help": "quality: draw validation bits/byte against training seconds of both sides into this PNG"})
     quality_corpora: list[str] = field(default_factory=lambda: list(QUALITY_CORPORA), metadata={
         "help": "quality: the corpora (any minitx train --dataset)"})
     quality_ours_args: str = field(default="", metadata={
@@ -635,7 +639,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         raise ValueError("--data_prep_block_size must be >= 2 and --data_prep_rounds >= 1")
     data_prep_files = _expand_files(args.data_prep_files)
     quality = QualitySettings(seconds=args.quality_seconds or (30.0 if args.quick else 180.0),
-                              corpora=tuple(args.quality_corpora), threads=args.threads, ours_args=args.quality_ours_args)
+                              corpora=tuple(args.quality_corpora), threads=args.quality_threads,
+                              ours_args=args.quality_ours_args)
     if not (args.no_quality or args.data_prep_only):
         quality.check()
     rounds = args.rounds or (3 if args.quick else 5)
@@ -652,6 +657,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             block_size=args.data_prep_block_size, rounds=args.data_prep_rounds, log=log)
     if not (args.no_quality or args.data_prep_only):
         result["quality"] = run_quality(quality, log=log)
+        if args.quality_plot:
+            result["quality"]["plot"] = str(plot_curves(result["quality"], Path(args.quality_plot)))
     result["command"] = "minitx benchmark " + " ".join(argv if argv is not None else sys.argv[1:])
     if "workloads" in result:
         print(format_table(result))

@@ -1,302 +1,369 @@
-"""Quality at equal wall time: hf_minitx's default recipe against GPT-2 trained the nanoGPT way.
+"""Quality at equal wall time, as users get it: ``minitx train --max_minutes T`` against GPT-2 trained the nanoGPT way.
 
-For each corpus, in one run, on the same tokens (a BPE trained by hf_minitx on the corpus, and hf_minitx's block
-size, for both sides):
+For each corpus (its first ``max_chars`` characters: the first 90% is the training text, the rest validation):
 
-- the reference: transformers' ``GPT2LMHeadModel`` (learned positions, LayerNorm, GELU, tied head, dropout 0),
-  trained with the optimiser of nanoGPT's published CPU recipe: batch 12, AdamW lr 1e-3, betas (0.9, 0.99),
-  weight decay 0.1 on every tensor of 2 or more dimensions, gradient clipping 1.0, 100 warmup steps, cosine decay
-  to 1e-4 over 2000 steps (then held);
-- ours: ``minitx train``'s default recipe (the default preset and training arguments; ``ours_args`` changes it)
-  at the same width and depth.
+1. one tokenizer for both sides, made by ``minitx train-tokenizer`` on the training text (the vocabulary size
+   ``minitx train`` trains by default), so that the ratio measures the recipe, not the tokenizer;
+2. **ours**: ``minitx train --max_minutes T`` with the default recipe at the shared width and depth, in its own
+   process, alone on the machine, on every core (``threads``); it checkpoints at each tenth of its planned steps
+   for the curve;
+3. **the reference**: transformers' ``GPT2LMHeadModel`` of the same width and depth in a plain PyTorch loop, in its
+   own process, alone, on the same threads, for T seconds, with nanoGPT's published CPU recipe: batch 12, AdamW
+   lr 1e-3 with betas (0.9, 0.99), weight decay 0.1 on every tensor of 2+ dimensions, clipping 1.0, dropout 0,
+   100 warmup iterations, cosine decay to 1e-4 over 2000 iterations or as many as fit (nanoGPT's advice:
+   ``lr_decay_iters ~= max_iters``), on nanoGPT's random windows of the same tokens; it keeps a copy of its
+   weights at each tenth of T for the curve;
+4. **one scorer** for both: every validation token with up to ``block - 1`` tokens of context (sliding windows,
+   stride half the block), total bits over the UTF-8 bytes of the validation text (the first token costs
+   log2(vocab) bits). The curve scores each side's snapshots on the first ``curve_tokens`` validation tokens.
 
-Both train for the same wall time at the same time, each in its own process on ``threads`` threads, so the
-machine's load hits both alike, through the package's one training loop (``training.loop.fit``). Each is then
-scored on the whole validation text in bits per byte: total nats / ln 2 / UTF-8 bytes of the validation text.
-Our schedule is defined in steps; here it is laid over the wall-time budget (``WallClockSchedule``): a short timed
-probe of the same model and batch (discarded) gives the step rate, so warmup lasts about as many steps as asked,
-and the schedule's position follows the clock, so the decay ends when the time does even if the machine's load
-changes the pace.
+The side that goes first alternates from corpus to corpus; the load average is recorded at each side's start.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 import multiprocessing
+import os
 import shlex
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
-from datasets import DatasetDict
 from torch import nn
-from torch.utils.data import DataLoader
 
 QUALITY_CORPORA = ("builtin:kjv", "builtin:pydocs")
-SIDES = ("reference", "ours")
+SIDES = ("ours", "reference")
+SHAPE_OVERRIDES = "hidden_size={hidden},num_attention_heads={heads},num_hidden_layers={layers}"
 NANOGPT = {"batch": 12, "learning_rate": 1e-3, "betas": (0.9, 0.99), "weight_decay": 0.1, "max_grad_norm": 1.0,
            "warmup": 100, "decay_iters": 2000, "min_lr": 1e-4}  # nanoGPT's CPU (shakespeare_char) optimiser settings
+CURVE_POINTS = 10
 
 
 @dataclass(frozen=True)
 class QualitySettings:
-    """One quality comparison: the shared shape, the budget, and what may change our side's recipe."""
+    """One quality comparison: the shared shape, the budget, the threads, and what may change our side's recipe."""
 
     seconds: float = 180.0
     corpora: tuple[str, ...] = QUALITY_CORPORA
     layers: int = 4
     heads: int = 4
     hidden: int = 128
-    threads: int = 1
-    seed: int = 42  # minitx train's default: the same validation carve
+    threads: int | None = None  # None: every core, as users train
     ours_args: str = ""  # extra `minitx train` arguments for our side, e.g. "--optimizer adamw"
-    probe_steps: int = 8  # timed steps that size our schedule
+    max_chars: int = 3_000_000  # of each corpus: tokenizer training and scoring stay short
+    curve_tokens: int = 16_384  # validation tokens the curve's snapshots are scored on
+    seed: int = 0
 
     def check(self) -> None:
+        """Every setting that could fail, before any training."""
         if self.seconds <= 0:
             raise ValueError(f"--quality_seconds must be > 0, got {self.seconds}")
         if self.hidden % self.heads:
             raise ValueError(f"quality: hidden ({self.hidden}) must be divisible by heads ({self.heads})")
-        if self.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {self.threads}")
-        our_recipe(self)  # unknown or bad --quality_ours_args fail here, before minutes of training
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--quality_threads must be >= 1, got {self.threads}")
+        our_arguments(self, Path("data"), Path("tokenizer"), Path("out"))
+
+    @property
+    def num_threads(self) -> int:
+        return self.threads or os.cpu_count() or 1
 
 
-def our_recipe(settings: QualitySettings) -> tuple[Any, Any, Any]:
-    """(model settings, data arguments, train arguments) of ``minitx train``'s default recipe plus ``ours_args``,
-    at the comparison's width and depth."""
+def our_arguments(settings: QualitySettings, data: Path, tokenizer: Path, out: Path) -> list[str]:
+    """The `minitx train` arguments of our side (checked: unknown or bad --quality_ours_args fail here)."""
     from ..training.arguments import parse_training_args
-    from ..training.optim import check_optimizer_arguments
-    from ..training.prepare import resolve_model_settings
 
+    args = ["--task", "causal-lm", "--dataset", str(data), "--tokenizer", str(tokenizer),
+            "--config_overrides", SHAPE_OVERRIDES.format(**asdict(settings)),
+            "--max_minutes", f"{settings.seconds / 60:.6g}", "--num_threads", str(settings.num_threads),
+            "--eval_steps", "0", "--checkpointing_steps", str(1 / CURVE_POINTS), "--save_total_limit",
+            str(CURVE_POINTS + 1), "--disable_tqdm", "--output_dir", str(out), *shlex.split(settings.ours_args)]
     try:
-        model_args, data_args, train_args = parse_training_args(shlex.split(settings.ours_args))
+        parse_training_args(args)
     except (ValueError, SystemExit) as err:
         raise ValueError(f"--quality_ours_args {settings.ours_args!r}: {err}; give minitx train arguments") from None
-    model = resolve_model_settings(model_args, data_args)
-    model.update(hidden_size=settings.hidden, num_hidden_layers=settings.layers, num_attention_heads=settings.heads,
-                 intermediate_size=4 * settings.hidden, num_key_value_heads=None,
-                 max_position_embeddings=max(model.get("max_position_embeddings", 0), data_args.block_size))
-    check_optimizer_arguments(train_args)
-    return model, data_args, train_args
+    return args
 
 
-# --- data ------------------------------------------------------------------------------------------
+def our_data_arguments(settings: QualitySettings) -> Any:
+    """Our side's data arguments: its block size and tokenizer vocabulary, which both sides share."""
+    from ..training.arguments import parse_training_args
+
+    return parse_training_args(our_arguments(settings, Path("data"), Path("tokenizer"), Path("out")))[1]
 
 
-@dataclass
-class CorpusData:
-    """The tokens both sides share: packed train blocks, validation blocks covering the whole text once."""
-
-    train: Any
-    validation: Any
-    collate: Any
-    vocab_size: int
-    special_ids: dict[str, int]
-    num_bytes: int  # UTF-8 bytes of the whole validation text
-    block_size: int
+# --- data and the scorer ---------------------------------------------------------------------------
 
 
-def corpus_data(corpus: str, data_args: Any, seed: int) -> CorpusData:
-    """Load ``corpus``, train hf_minitx's BPE on its train split (``--tokenizer_vocab_size``), pack both splits."""
-    from ..data.corpus import iter_training_texts, load_corpus, tokenize_and_pack
-    from ..data.preprocessing import block_collator
-    from ..data.tokenizer import train_bpe_tokenizer
-    from ..training.evaluation import text_bytes
+def corpus_text(corpus: str, max_chars: int) -> str:
+    """The text of a builtin corpus (its rows joined by blank lines) or of a text file, cut at ``max_chars``."""
+    if corpus.startswith("builtin:"):
+        from ..data.builtin import load_builtin
 
-    dd = load_corpus(corpus, task="causal-lm", seed=seed)
-    tokenizer = train_bpe_tokenizer(
-        iter_training_texts(dd["train"], max_texts=data_args.tokenizer_max_texts, seed=seed,
-                            max_chars=data_args.tokenizer_max_chars), data_args.tokenizer_vocab_size)
-    block = data_args.block_size
-    train = tokenize_and_pack(DatasetDict(train=dd["train"]), tokenizer, block)["train"]
-    validation = tokenize_and_pack(DatasetDict(validation=dd["validation"]), tokenizer, block,
-                                   for_evaluation=True)["validation"]
-    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-           "pad_token_id": tokenizer.pad_token_id}
-    return CorpusData(train.with_format("numpy"), validation.with_format("numpy"), block_collator(tokenizer),
-                      len(tokenizer), ids, text_bytes(dd["validation"]["text"]), block)
+        text = "\n\n".join(row["text"] for row in load_builtin(corpus.removeprefix("builtin:")))
+    else:
+        text = Path(corpus).read_text(encoding="utf-8")
+    return text[:max_chars]
 
 
-# --- the two sides -----------------------------------------------------------------------------------
+def write_splits(text: str, folder: Path) -> tuple[str, str]:
+    """train.txt (the first 90%) and validation.txt (the rest) in ``folder``; returns both texts."""
+    cut = int(len(text) * 0.9)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "train.txt").write_text(text[:cut], encoding="utf-8")
+    (folder / "validation.txt").write_text(text[cut:], encoding="utf-8")
+    return text[:cut], text[cut:]
 
 
-def nanogpt_lr_factor(step: int) -> float:
-    """nanoGPT's learning rate at ``step`` as a fraction of the peak: linear warmup, cosine to min_lr, then held."""
-    peak, low = NANOGPT["learning_rate"], NANOGPT["min_lr"]
-    if step < NANOGPT["warmup"]:
-        return (step + 1) / (NANOGPT["warmup"] + 1)
-    if step > NANOGPT["decay_iters"]:
-        return low / peak
-    progress = (step - NANOGPT["warmup"]) / (NANOGPT["decay_iters"] - NANOGPT["warmup"])
-    return (low + 0.5 * (1.0 + math.cos(math.pi * progress)) * (peak - low)) / peak
+def bits_per_byte(total_bits: float, num_bytes: int) -> float:
+    return total_bits / num_bytes
 
 
-def reference_side(settings: QualitySettings, data: CorpusData) -> tuple[nn.Module, Any, Any, int, float]:
-    """GPT2LMHeadModel and nanoGPT's optimiser: (model, optimizer, scheduler, batch, max grad norm)."""
+@torch.no_grad()
+def score_bits(model: nn.Module, ids: list[int], context: int, vocab_size: int) -> float:
+    """Total bits of ``ids`` under ``model``: log2(vocab) for the first token, then each token given up to
+    ``context - 1`` earlier ones, in windows of ``context`` tokens that advance by half of it."""
+    model.eval()
+    stride, bits, start = context // 2, math.log2(vocab_size), 0
+    while True:
+        end = min(start + context, len(ids))
+        window = torch.tensor([ids[start:end]])  # (1, window)
+        logp = torch.log_softmax(model(input_ids=window).logits[0, :-1].float(), dim=-1)  # (window - 1, vocab)
+        first = 0 if start == 0 else context - stride - 1  # the tokens the previous window did not score
+        bits -= logp[first:].gather(1, window[0, 1:][first:, None]).sum().item() / math.log(2)
+        if end == len(ids):
+            return bits
+        start += stride
+
+
+# --- the two sides, each in its own process ---------------------------------------------------------
+
+
+def run_ours(settings: QualitySettings, data: Path, tokenizer: Path, out: Path) -> dict[str, Any]:
+    """`minitx train --max_minutes T` in a subprocess; returns its training summary (the run is in ``out``)."""
+    command = [sys.executable, "-m", "hf_minitx", "train", *our_arguments(settings, data, tokenizer, out)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
+        raise RuntimeError(f"our side's `minitx train` failed ({done.returncode}):\n{tail}")
+    return json.loads((out / "training_summary.json").read_text())
+
+
+def nanogpt_lr(iteration: int, decay_iters: int) -> float:
+    """nanoGPT's learning rate: linear warmup, cosine to min_lr over ``decay_iters`` iterations, then held."""
+    peak, low, warmup = NANOGPT["learning_rate"], NANOGPT["min_lr"], NANOGPT["warmup"]
+    if iteration < warmup:
+        return peak * (iteration + 1) / (warmup + 1)
+    progress = min(1.0, (iteration - warmup) / max(1, decay_iters - warmup))
+    return low + 0.5 * (1.0 + math.cos(math.pi * progress)) * (peak - low)
+
+
+def reference_model(settings: QualitySettings, vocab_size: int, block: int, special_ids: dict[str, int]) -> nn.Module:
+    """GPT2LMHeadModel at the shared width and depth, dropout 0."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=data.vocab_size, n_positions=data.block_size, n_embd=settings.hidden,
-                        n_layer=settings.layers, n_head=settings.heads, resid_pdrop=0.0, embd_pdrop=0.0,
-                        attn_pdrop=0.0, **data.special_ids)
-    model = GPT2LMHeadModel(config)
-    model.set_attn_implementation("sdpa")
-    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    config = GPT2Config(vocab_size=vocab_size, n_positions=block, n_embd=settings.hidden, n_layer=settings.layers,
+                        n_head=settings.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **special_ids)
+    return GPT2LMHeadModel(config)
+
+
+def nanogpt_optimizer(model: nn.Module) -> torch.optim.AdamW:
+    """AdamW with weight decay on every tensor of 2 or more dimensions, none on the others."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
     others = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": matrices, "weight_decay": NANOGPT["weight_decay"]},
-                                   {"params": others, "weight_decay": 0.0}],
-                                  lr=NANOGPT["learning_rate"], betas=NANOGPT["betas"])
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, nanogpt_lr_factor)
-    return model, optimizer, scheduler, NANOGPT["batch"], NANOGPT["max_grad_norm"]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": NANOGPT["weight_decay"]},
+                              {"params": others, "weight_decay": 0.0}], lr=NANOGPT["learning_rate"],
+                             betas=NANOGPT["betas"])
 
 
-def our_side(settings: QualitySettings, data: CorpusData, probe: bool = False):
-    """hf_minitx's default recipe: (model, optimizer, scheduler, batch, max grad norm, recipe record).
-    The schedule spans the steps the budget allows (``probe_rate``), unless ``probe``."""
-    from ..models import MiniTxConfig, MiniTxForCausalLM
-    from ..training.optim import build_optimizer, build_scheduler, describe_schedule
+def train_reference(settings: QualitySettings, tokenizer_dir: str, train_text: str, block: int,
+                    seconds: float) -> dict[str, Any]:
+    """nanoGPT's loop for ``seconds``: returns the model, its figures and a snapshot at each tenth of the time."""
+    from transformers import AutoTokenizer
 
-    model_settings, _, train_args = our_recipe(settings)
-    config = MiniTxConfig(**{**model_settings, **data.special_ids, "vocab_size": data.vocab_size,
-                             "decoder_start_token_id": data.special_ids["bos_token_id"]})
-    model = MiniTxForCausalLM(config)
-    optimizer = build_optimizer(model, train_args)
-    batch = train_args.per_device_train_batch_size
-    if probe:
-        return model, optimizer, None, batch, train_args.max_grad_norm or None, {}
-    steps = max(1, int(settings.seconds * probe_rate(settings, data)))
-    scheduler = build_scheduler(optimizer, train_args, steps)
-    scheduler.lr_lambdas = [WallClockSchedule(fn, steps, settings.seconds) for fn in scheduler.lr_lambdas]
-    recipe = {"optimizer": train_args.optimizer, "schedule": describe_schedule(train_args, steps),
-              "per_device_train_batch_size": batch, "block_size": data.block_size,
-              "model": {k: v for k, v in model_settings.items() if k != "is_encoder_decoder"}}
-    return model, optimizer, scheduler, batch, train_args.max_grad_norm or None, recipe
-
-
-class WallClockSchedule:
-    """A step schedule ``factor(step)`` over ``steps`` steps, followed by the clock instead: at step k >= 1 it gives
-    factor(steps x elapsed / seconds), the clock started at the first step (capped at the last step)."""
-
-    def __init__(self, factor: Callable[[int], float], steps: int, seconds: float,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.factor, self.steps, self.seconds, self.clock = factor, steps, seconds, clock
-        self.start: float | None = None
-
-    def __call__(self, step: int) -> float:
-        if step == 0:
-            return self.factor(0)
-        if self.start is None:
-            self.start = self.clock()
-        position = 1 + int(self.steps * (self.clock() - self.start) / self.seconds)
-        return self.factor(min(self.steps, position))
-
-
-def probe_rate(settings: QualitySettings, data: CorpusData) -> float:
-    """Optimizer steps per second of our recipe (a throwaway model, the last of ``probe_steps`` timed)."""
-    torch.manual_seed(settings.seed + 1)
-    model, optimizer, _, batch, _, _ = our_side(settings, data, probe=True)
-    rows = data.collate([data.train[i] for i in range(batch)])
-    times = []
-    for _ in range(settings.probe_steps):
-        start = time.perf_counter()
-        logits = model(input_ids=rows["input_ids"]).logits  # (batch, block, vocab)
-        nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), rows["labels"][:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - start)
-    return 1.0 / sorted(times[1:])[len(times[1:]) // 2]
-
-
-# --- training and scoring, one side in one process ----------------------------------------------------
-
-
-@dataclass
-class BitsPerByte:
-    """The loop's evaluation here: the loss on every validation block, as bits per byte of the validation text."""
-
-    loader: Any
-    num_bytes: int
-    coverage: dict[str, Any] = field(default_factory=dict)
-
-    def __call__(self, model: nn.Module, accelerator: Accelerator) -> tuple[dict[str, float], list[dict]]:
-        from ..training.evaluation import evaluate_loss
-
-        metrics = evaluate_loss(model, self.loader, accelerator, shift=True,
-                                inputs=lambda b: {"input_ids": b["input_ids"]}, num_bytes=self.num_bytes)
-        return metrics, []
-
-
-def bits_per_byte(total_nats: float, num_bytes: int) -> float:
-    """Total nats over the validation tokens / ln 2 / UTF-8 bytes of the validation text."""
-    return total_nats / math.log(2) / num_bytes
-
-
-def train_side(side: str, corpus: str, settings: QualitySettings) -> dict[str, Any]:
-    """Train one side on one corpus for ``settings.seconds`` and score it; runs in its own process."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    from ..training.data_order import StepIndexedBatchSampler
-    from ..training.loop import LoopSettings, RunState, TrainingRun, fit
-    from ..training.loss import Objective
-    from ..training.optim import describe_optimizer
-
-    torch.set_num_threads(settings.threads)
-    _, data_args, _ = our_recipe(settings)
-    data = corpus_data(corpus, data_args, settings.seed)
+    torch.set_num_threads(settings.num_threads)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokens = torch.tensor(tokenizer(train_text, add_special_tokens=False)["input_ids"])  # (n,)
     torch.manual_seed(settings.seed)
-    if side == "reference":
-        model, optimizer, scheduler, batch, clip = reference_side(settings, data)
-        recipe = {"optimizer": "adamw (nanoGPT)", **{k: v for k, v in NANOGPT.items()}, "block_size": data.block_size}
-    else:
-        model, optimizer, scheduler, batch, clip, recipe = our_side(settings, data)
-        torch.manual_seed(settings.seed)
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    accelerator = Accelerator(cpu=True)
-    sampler = StepIndexedBatchSampler(len(data.train), batch, seed=settings.seed)
-    batches = iter(DataLoader(data.train, batch_sampler=sampler, collate_fn=data.collate))
-    evaluation = BitsPerByte(DataLoader(data.validation, batch_size=32, collate_fn=data.collate), data.num_bytes)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    loop = LoopSettings(total_steps=10**9, batches_per_epoch=sampler.batches_per_epoch, logging_steps=10**9,
-                        max_grad_norm=clip, max_seconds=settings.seconds, show_progress=False)
-    run = TrainingRun(accelerator, model, optimizer, scheduler, batches, Objective(shift=True), evaluation, loop, None)
-    state = RunState()
-    outcome = fit(run, state)
-    return {"side": side, "corpus": corpus, "bits_per_byte": outcome.final_metrics["eval_bits_per_byte"],
-            "eval_loss": outcome.final_metrics["eval_loss"], "steps": state.step, "tokens_seen": state.tokens_seen,
-            "train_seconds": round(state.train_seconds, 1), "validation_bytes": data.num_bytes,
-            "num_parameters": sum(p.numel() for p in model.parameters()),
-            "recipe": {**recipe, "parameter_groups": describe_optimizer(optimizer)}}
+    model = reference_model(settings, len(tokenizer), block, {"bos_token_id": tokenizer.bos_token_id,
+                                                              "eos_token_id": tokenizer.eos_token_id})
+    optimizer = nanogpt_optimizer(model)
+    windows = torch.Generator().manual_seed(1337)
+    decay_iters, iteration, snapshots, start = NANOGPT["decay_iters"], 0, [], time.perf_counter()
+    model.train()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        if len(snapshots) < CURVE_POINTS - 1 and elapsed >= seconds * (len(snapshots) + 1) / CURVE_POINTS:
+            snapshots.append({"seconds": elapsed, "step": iteration, "weights": copy.deepcopy(model.state_dict())})
+        if iteration == 50:  # nanoGPT's advice, lr_decay_iters ~= max_iters: as many as fit, never fewer than 2000
+            decay_iters = max(NANOGPT["decay_iters"], int(seconds / (elapsed / 50)))
+        for group in optimizer.param_groups:
+            group["lr"] = nanogpt_lr(iteration, decay_iters)
+        starts = torch.randint(len(tokens) - block - 1, (NANOGPT["batch"],), generator=windows)
+        x = torch.stack([tokens[i:i + block] for i in starts])  # (batch, block)
+        y = torch.stack([tokens[i + 1:i + block + 1] for i in starts])  # (batch, block)
+        logits = model(input_ids=x).logits  # (batch, block, vocab)
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), NANOGPT["max_grad_norm"])
+        optimizer.step()
+        iteration += 1
+    train_seconds = time.perf_counter() - start
+    snapshots.append({"seconds": train_seconds, "step": iteration, "weights": copy.deepcopy(model.state_dict())})
+    return {"model": model, "steps": iteration, "train_seconds": train_seconds, "decay_iters": decay_iters,
+            "tokens_seen": iteration * NANOGPT["batch"] * block, "snapshots": snapshots}
 
 
-def _train_side(job: tuple[str, str, QualitySettings]) -> dict[str, Any]:
-    return train_side(*job)
+def reference_side(job: tuple[QualitySettings, str, str, str, int]) -> dict[str, Any]:
+    """The reference in its own process: trained for ``seconds``, then scored (the whole text and the curve)."""
+    settings, tokenizer_dir, train_text, validation_text, block = job
+    from transformers import AutoTokenizer
+
+    trained = train_reference(settings, tokenizer_dir, train_text, block, settings.seconds)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    ids = tokenizer(validation_text, add_special_tokens=False)["input_ids"]
+    model = trained["model"]
+    curve = score_curve(model, [(s["seconds"], s["step"], s["weights"]) for s in trained["snapshots"]], tokenizer,
+                        ids, block, settings)  # the last snapshot is the trained model
+    figures = side_figures(model, ids, block, len(tokenizer), validation_text, trained["steps"],
+                           trained["tokens_seen"], trained["train_seconds"])
+    return {**figures, "curve": curve, "recipe": {"optimizer": "adamw (nanoGPT)", **NANOGPT,
+                                                  "decay_iters": trained["decay_iters"], "block_size": block}}
 
 
-def run_quality(settings: QualitySettings, log=print) -> dict[str, Any]:
-    """Both sides on every corpus, the two sides of a corpus at the same time; ratios ours / reference."""
+def side_figures(model: nn.Module, ids: list[int], block: int, vocab: int, validation_text: str, steps: int,
+                 tokens_seen: int, train_seconds: float) -> dict[str, Any]:
+    """One side's figures: bits per byte of the whole validation text, steps, tokens and their rate."""
+    bits = score_bits(model, ids, block, vocab)
+    return {"bits_per_byte": bits_per_byte(bits, len(validation_text.encode("utf-8"))), "steps": steps,
+            "tokens_seen": tokens_seen, "train_seconds": round(train_seconds, 2),
+            "tokens_per_second": round(tokens_seen / max(train_seconds, 1e-9), 1),
+            "num_parameters": sum(p.numel() for p in model.parameters())}
+
+
+def score_curve(model: nn.Module, snapshots: list[tuple[float, int, dict[str, torch.Tensor]]], tokenizer: Any,
+                ids: list[int], block: int, settings: QualitySettings) -> list[dict[str, float]]:
+    """(seconds, step, bits per byte) of each (seconds, step, weights) snapshot on the first ``curve_tokens``
+    validation tokens; ``model`` ends with the last snapshot's weights."""
+    subset = ids[: settings.curve_tokens]
+    num_bytes = len(tokenizer.decode(subset).encode("utf-8"))  # a byte-level BPE decodes to the text itself
+    points = []
+    for seconds, step, weights in snapshots:
+        model.load_state_dict(weights, strict=False)  # strict=False: a tied head is stored once
+        points.append({"seconds": round(seconds, 2), "step": step,
+                       "bits_per_byte": score_bits(model, subset, block, len(tokenizer)) / num_bytes})
+    return points
+
+
+def score_ours(settings: QualitySettings, out: Path, validation_text: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """Our saved model and its checkpoints, scored like the reference."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .explore import find_snapshots, read_weights
+
+    torch.set_num_threads(settings.num_threads)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    block, vocab = summary["recipe"]["block_size"], len(tokenizer)
+    ids = tokenizer(validation_text, add_special_tokens=False)["input_ids"]
+    figures = side_figures(model, ids, block, vocab, validation_text, summary["steps"], summary["tokens_seen"],
+                           summary["train_seconds"])
+    snapshots = [(json.loads((snap.path.parent / "run_state.json").read_text())["train_seconds"], snap.step,
+                  read_weights(snap.path)) for snap in find_snapshots(out, str(out), CURVE_POINTS + 1) if snap.path]
+    snapshots.append((summary["train_seconds"], summary["steps"], model.state_dict()))
+    curve = score_curve(model, snapshots, tokenizer, ids, block, settings)
+    return {**figures, "curve": curve, "time_budget": summary.get("time_budget"), "epochs": summary.get("epochs"),
+            "recipe": summary.get("recipe")}
+
+
+# --- one corpus, every corpus ------------------------------------------------------------------------
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (empty where the system does not say)."""
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return []
+
+
+def run_corpus(settings: QualitySettings, corpus: str, work: Path, first: str, log=print) -> dict[str, Any]:
+    """Both sides on one corpus, ``first`` going first; the ratio ours / reference."""
+    data_args = our_data_arguments(settings)
+    train_text, validation_text = write_splits(corpus_text(corpus, settings.max_chars), work / "data")
+    tokenizer_dir = work / "tokenizer"
+    subprocess.run([sys.executable, "-m", "hf_minitx", "train-tokenizer", "--dataset", str(work / "data"),
+                    "--vocab_size", str(data_args.tokenizer_vocab_size), "--output_dir", str(tokenizer_dir)],
+                   check=True, capture_output=True)
+    block = data_args.block_size
+    result: dict[str, Any] = {"first": first, "validation_bytes": len(validation_text.encode("utf-8"))}
+    for side in (SIDES if first == "ours" else SIDES[::-1]):
+        log(f"[quality] {corpus}: {side}, {settings.seconds:g} s on {settings.num_threads} threads ...")
+        load = load_average()
+        if side == "ours":
+            summary = run_ours(settings, work / "data", tokenizer_dir, work / "ours")
+            result["ours"] = {**score_ours(settings, work / "ours", validation_text, summary), "load_average": load}
+        else:
+            with multiprocessing.get_context("spawn").Pool(1) as pool:  # a fresh interpreter, alone
+                figures = pool.apply(reference_side, ((settings, str(tokenizer_dir), train_text, validation_text,
+                                                       block),))
+            result["reference"] = {**figures, "load_average": load}
+    result["ratio"] = result["ours"]["bits_per_byte"] / result["reference"]["bits_per_byte"]
+    return result
+
+
+def run_quality(settings: QualitySettings, log=print, work: Path | None = None) -> dict[str, Any]:
+    """Every corpus, the first side alternating; the results as a JSON-ready dict."""
     settings.check()
-    results: dict[str, Any] = {"settings": asdict(settings), "corpora": {}}
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter per side: no shared torch state
-    for corpus in settings.corpora:
-        log(f"[quality] {corpus}: reference and ours, {settings.seconds:g} s each, side by side ...")
-        with context.Pool(2) as pool:
-            reference, ours = pool.map(_train_side, [(side, corpus, settings) for side in SIDES])
-        results["corpora"][corpus] = {"reference": reference, "ours": ours,
-                                      "ratio": ours["bits_per_byte"] / reference["bits_per_byte"]}
+    results: dict[str, Any] = {"settings": {**asdict(settings), "num_threads": settings.num_threads}, "corpora": {}}
+    with tempfile.TemporaryDirectory(prefix="minitx-quality-") as scratch:
+        for index, corpus in enumerate(settings.corpora):
+            folder = (work or Path(scratch)) / f"corpus{index}"
+            results["corpora"][corpus] = run_corpus(settings, corpus, folder, SIDES[index % 2], log=log)
     return results
 
 
 def format_quality(result: dict[str, Any]) -> str:
-    """A Markdown table: bits per byte of each side, steps, and the ratio ours / reference per corpus."""
+    """A Markdown table: each side's bits per byte, steps and tokens per second, and the ratio, per corpus."""
     seconds = result["settings"]["seconds"]
-    lines = [f"| corpus ({seconds:g} s each) | GPT-2, nanoGPT recipe (bits/byte, steps) | hf_minitx default "
-             "(bits/byte, steps) | ratio |", "|---|---:|---:|---:|"]
+    lines = [f"| corpus ({seconds:g} s each, {result['settings'].get('num_threads', '?')} threads) | GPT-2, nanoGPT "
+             "recipe: bits/byte (steps, tokens/s) | hf_minitx `minitx train --max_minutes`: bits/byte (steps, "
+             "tokens/s) | ratio |", "|---|---:|---:|---:|"]
     for corpus, figures in result["corpora"].items():
         ref, ours = figures["reference"], figures["ours"]
-        lines.append(f"| {corpus} | {ref['bits_per_byte']:.3f} ({ref['steps']}) | {ours['bits_per_byte']:.3f} "
-                     f"({ours['steps']}) | {figures['ratio']:.3f}x |")
+        lines.append(f"| {corpus} | {ref['bits_per_byte']:.3f} ({ref['steps']}, {ref['tokens_per_second']:.0f}) | "
+                     f"{ours['bits_per_byte']:.3f} ({ours['steps']}, {ours['tokens_per_second']:.0f}) | "
+                     f"**{figures['ratio']:.3f}×** |")
     return "\n".join(lines)
+
+
+def plot_curves(result: dict[str, Any], path: Path) -> Path:
+    """Validation bits per byte against training seconds, both sides, one panel per corpus."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    corpora = result["corpora"]
+    fig, axes = plt.subplots(1, len(corpora), figsize=(5.5 * len(corpora), 4), squeeze=False)
+    for ax, (corpus, figures) in zip(axes[0], corpora.items(), strict=True):
+        for side, label in (("reference", "GPT-2, nanoGPT recipe"), ("ours", "hf_minitx, minitx train")):
+            points = figures[side]["curve"]
+            ax.plot([p["seconds"] for p in points], [p["bits_per_byte"] for p in points], marker="o", label=label)
+        ax.set(title=f"{corpus}: ratio {figures['ratio']:.3f}", xlabel="training seconds",
+               ylabel="validation bits/byte (first tokens)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+

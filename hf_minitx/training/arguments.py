@@ -186,9 +186,20 @@ class TrainArguments:
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 disables)."})
     label_smoothing: float = field(default=0.0, metadata={"help": "Label smoothing of the training loss (paper: 0.1)."})
     max_steps: int | None = field(default=None, metadata={"help": "Optimizer steps to train (overrides num_epochs)."})
-    num_epochs: float = field(default=1.0, metadata={"help": "Epochs to train when max_steps is unset."})
+    num_epochs: float | None = field(
+        default=None, metadata={"help": "Epochs to train when max_steps is unset (default 1; with --max_minutes, "
+                                        "an upper bound only when given)."}
+    )
     max_minutes: float | None = field(
-        default=None, metadata={"help": "Stop (evaluate, save) once this many minutes of training have passed."}
+        default=None, metadata={"help": "Train for this many minutes: the first steps are timed and the schedule "
+                                        "(warmup, stable phase, decay) is laid over the steps that fit, recorded as "
+                                        "planned_steps (--max_steps planned_steps repeats the run without a clock); "
+                                        "the clock stays a cap. Evaluations along the way count, setup does not."}
+    )
+    load_best_model_at_end: bool = field(
+        default=True, metadata={"help": "Save the weights of the evaluation with the lowest eval_loss rather than "
+                                        "the last ones, when an earlier evaluation was better (runs that evaluate "
+                                        "along the way; the summary says which step was kept)."}
     )
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = field(
         default="auto", metadata={"help": "Accelerate mixed precision; auto = bf16 on CUDA, no elsewhere."}
@@ -198,7 +209,10 @@ class TrainArguments:
         default=None, metadata={"help": "torch CPU threads per process (default: cores / processes)."}
     )
     logging_steps: int = field(default=10, metadata={"help": "Write a train record to metrics.jsonl every N steps."})
-    eval_steps: int | None = field(default=200, metadata={"help": "Evaluate every N steps (and always at the end)."})
+    eval_steps: float | None = field(
+        default=200, metadata={"help": "Evaluate every N steps (and always at the end); a value in (0, 1) is a fraction "
+                                       "of the run's steps (with --max_minutes, of the planned steps); 0: at the end only."}
+    )
     generation_eval_samples: int | None = field(
         default=None,
         metadata={"help": "seq2seq: opt-in subset: translate only the first N validation pairs for exact match/BLEU; "
@@ -209,8 +223,9 @@ class TrainArguments:
     sample_prompts: str | None = field(
         default=None, metadata={"help": "'|'-separated prompts for the sample generations (default: validation)."}
     )
-    checkpointing_steps: int | None = field(
-        default=None, metadata={"help": "Save accelerator state to checkpoint-STEP/ every N steps."}
+    checkpointing_steps: float | None = field(
+        default=None, metadata={"help": "Save accelerator state to checkpoint-STEP/ every N steps; a value in (0, 1) is a "
+                                        "fraction of the run's steps (with --max_minutes, of the planned steps)."}
     )
     save_total_limit: int = field(default=2, metadata={"help": "Checkpoints kept (the oldest are deleted)."})
     report_to: str = field(

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -46,6 +46,8 @@ from ..data.streaming import PackedBlockStream
 from ..device import describe_hardware
 from ..folders import PARTIAL_SUFFIX, move_files_into, output_path, unlock_folder
 from .arguments import DataArguments, ModelArguments, TrainArguments, parse_training_args
+from .best import BestWeights
+from .budget import LENGTH_FREE_SCHEDULES, Probe, TimeBudget, every
 from .checkpoints import (
     CHECKPOINT_PREFIX,
     check_checkpoint_fits,
@@ -57,7 +59,7 @@ from .checkpoints import (
 from .data_order import StepIndexedBatchSampler
 from .evaluation import TextEvaluation
 from .loss import Objective
-from .optim import build_optimizer, build_scheduler, describe_optimizer, describe_schedule
+from .optim import build_optimizer, build_scheduler, describe_optimizer, describe_schedule, relay_schedule
 from .outputs import LOSS_CURVE_FILE, SUMMARY_FILE, append_metrics, save_final_model, truncate_metrics
 from .prepare import (
     AlreadyComplete,
@@ -100,6 +102,10 @@ class RunState:
     tokens_seen: int = 0
     train_seconds: float = 0.0
     last_samples: list[dict[str, str]] = field(default_factory=list)
+    planned_steps: int | None = None  # a time budget's plan, once its first timing made one
+    plan_final: bool = False  # the plan no longer changes
+    best_step: int | None = None  # --load_best_model_at_end: the step of the best evaluation so far
+    best_metrics: dict[str, float] | None = None
 
     @classmethod
     def from_saved(cls, saved: dict[str, Any] | None) -> RunState:
@@ -140,6 +146,9 @@ class TrainingRun:
     checkpoint_fields: dict[str, Any] = field(default_factory=dict)  # saved next to the RunState
     stream: PackedBlockStream | None = None  # --streaming: where ``batches`` come from; its position is saved too
     recipe: dict[str, Any] = field(default_factory=dict)  # optimizer name, schedule, batch, block size: for the record
+    budget: TimeBudget | None = None  # --max_minutes: the plan in steps, fixed after a probe
+    schedule_args: Any = None  # what the schedule is built from (re-laid once a time budget's plan is fixed)
+    best: BestWeights | None = None  # --load_best_model_at_end: the best evaluation's weights
 
 
 @dataclass
@@ -152,6 +161,7 @@ class FitOutcome:
     cpu_seconds: float = 0.0  # this process, this session
     interrupted_by: int | None = None  # the signal (SIGINT, SIGTERM) that stopped the run
     checkpoint: Path | None = None  # saved on interruption
+    kept: dict[str, Any] | None = None  # --load_best_model_at_end: which evaluation's weights the folder holds
 
 
 class WindowCounts(NamedTuple):
@@ -293,7 +303,7 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
     batches_per_epoch = None if plan.data_args.streaming else StepIndexedBatchSampler(
         len(data.train), train_args.per_device_train_batch_size, num_processes=accelerator.num_processes,
     ).batches_per_epoch
-    total_steps = train_args.max_steps or max(1, math.ceil(train_args.num_epochs * batches_per_epoch / k))
+    total_steps, budget = run_length(plan, batches_per_epoch)
     check_not_complete(plan, total_steps)  # before the first write
     scheduler = build_scheduler(optimizer, train_args, total_steps)
     eval_loader = DataLoader(data.validation, batch_size=train_args.per_device_eval_batch_size,
@@ -304,6 +314,7 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
     run_id = claim_output_folder(plan) if accelerator.is_main_process else None  # the first write of the run
     accelerator.wait_for_everyone()
     state = resume(plan, accelerator, model)
+    best = BestWeights.load(plan.checkpoint, state.best_step, state.best_metrics) if plan.checkpoint else BestWeights()
     evaluation = TextEvaluation(
         eval_loader, plan.objective, tokenizer, prompts=data.prompts, sources=data.sources,
         references=data.references, num_samples=train_args.num_sample_generations, seed=train_args.seed,
@@ -315,10 +326,10 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
     )
     settings = LoopSettings(
         total_steps=total_steps, batches_per_epoch=batches_per_epoch, accumulation_steps=k,
-        logging_steps=train_args.logging_steps, eval_steps=train_args.eval_steps,
-        checkpointing_steps=train_args.checkpointing_steps, save_total_limit=train_args.save_total_limit,
+        logging_steps=train_args.logging_steps, eval_steps=every(train_args.eval_steps, total_steps),
+        checkpointing_steps=every(train_args.checkpointing_steps, total_steps), save_total_limit=train_args.save_total_limit,
         max_grad_norm=train_args.max_grad_norm or None, show_progress=not train_args.disable_tqdm,
-        max_seconds=train_args.max_minutes * 60 if train_args.max_minutes else None,
+        max_seconds=budget.cap_seconds if budget is not None else None,
     )
     stream = None
     if plan.data_args.streaming:  # this process's rows, tokenized and packed on the fly, from the saved position
@@ -330,9 +341,38 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
                       plan.output_dir, checkpoint_fields={
                           **plan.identity, "run_id": run_id,
                           "global_batch_size": train_args.per_device_train_batch_size * accelerator.num_processes * k},
-                      stream=stream, recipe=training_recipe(plan, total_steps, accelerator.num_processes))
+                      stream=stream, recipe=training_recipe(plan, total_steps, accelerator.num_processes),
+                      budget=budget, schedule_args=train_args,
+                      best=best if train_args.load_best_model_at_end else None)
     start_trackers(plan, accelerator)
     return run, tokenizer, state
+
+
+def run_length(plan: RunPlan, batches_per_epoch: int | None) -> tuple[int, TimeBudget | None]:
+    """(optimizer steps the schedule spans, the time budget's plan or None without --max_minutes).
+
+    Without a budget: --max_steps, else --num_epochs (default 1). With one: the plan the resumed checkpoint
+    recorded, else a provisional length until the probe fixes the plan (``budget``), bounded by --max_steps or
+    a given --num_epochs.
+    """
+    args, k = plan.train_args, plan.train_args.gradient_accumulation_steps
+
+    def epochs(count: float) -> int:
+        return max(1, math.ceil(count * batches_per_epoch / k))
+
+    if args.max_minutes is None:
+        return args.max_steps or epochs(args.num_epochs or 1.0), None
+    cap = args.max_steps or (epochs(args.num_epochs) if args.num_epochs and batches_per_epoch else None)
+    stable = args.lr_scheduler_type in LENGTH_FREE_SCHEDULES and args.decay_ratio < 1
+    budget = TimeBudget(args.max_minutes * 60, step_cap=cap, eval_steps=args.eval_steps or None,
+                        decay_ratio=(args.decay_ratio if args.lr_scheduler_type == "warmup_stable_decay" else 0.0)
+                        if stable else None)
+    saved = plan.resume_state or {}
+    if saved.get("planned_steps"):  # a resumed run continues its plan
+        budget.planned_steps, budget.final = saved["planned_steps"], bool(saved.get("plan_final", True))
+    elif cap is not None and cap <= budget.probe_steps:  # too short to need a probe
+        budget.planned_steps, budget.final = cap, True
+    return budget.planned_steps or budget.provisional_steps(), budget
 
 
 def training_recipe(plan: RunPlan, total_steps: int, num_processes: int) -> dict[str, Any]:
@@ -393,8 +433,12 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
     outcome, interval, evaluated_at = FitOutcome(), Interval(), -1
     start, cpu_start = time.perf_counter() - state.train_seconds, time.process_time()
     untrained: dict[str, Any] | None = None
+    probe = None if run.budget is None else Probe.window(run.budget, state.step)
+    if run.budget is not None and run.budget.fixed:
+        state.planned_steps, state.plan_final = run.budget.planned_steps, True
     with StopSignals() as signals:
         while state.step < settings.total_steps:
+            step_start = time.perf_counter()
             untrained = run.stream.state_dict() if run.stream is not None else None  # before the window is drawn
             window = draw_window(run, state, untrained)
             window = [{k: v.to(accelerator.device) for k, v in batch.items()} for batch in window]
@@ -413,20 +457,76 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
             if state.step % settings.logging_steps == 0 or state.step == settings.total_steps:
                 log_train(run, state, interval, learning_rate, progress)
                 interval = Interval()
+            evaluation_seconds = 0.0
             if settings.eval_steps and state.step % settings.eval_steps == 0:
-                evaluated_at = state.step
+                evaluated_at, begin = state.step, time.perf_counter()
                 if evaluate_and_check_target(run, state, outcome):
                     break
+                evaluation_seconds = time.perf_counter() - begin
             if settings.checkpointing_steps and state.step % settings.checkpointing_steps == 0:
                 save_checkpoint(run, state)
+            if probe is not None and probe.timed(state.step, time.perf_counter() - step_start - evaluation_seconds):
+                probe, made = fix_plan(run, state, probe, time.perf_counter() - start)  # may evaluate once
+                evaluated_at, settings = max(evaluated_at, made), run.settings
+                progress.total = settings.total_steps
+                progress.refresh()
         progress.close()
         if evaluated_at != state.step and outcome.interrupted_by is None:  # protected like the steps
             evaluate_and_check_target(run, state, outcome)
             if stop_wished(run, signals.received):
                 outcome.interrupted_by = signals.received or signal.SIGTERM
                 outcome.checkpoint = checkpoint_of_last_step(run, state, untrained)
+        if outcome.interrupted_by is None:
+            keep_best(run, state, outcome)
     outcome.cpu_seconds = time.process_time() - cpu_start
     return outcome
+
+
+def keep_best(run: TrainingRun, state: RunState, outcome: FitOutcome) -> None:
+    """--load_best_model_at_end: the best evaluation's weights go back into the model when the last evaluation
+    is worse; ``outcome`` then reports the kept model's metrics, and records which step it is."""
+    best = run.best
+    if best is None or best.step is None:
+        return
+    last = outcome.final_metrics
+    outcome.kept = {"step": state.step, "eval_loss": last.get("eval_loss"), "last_step": state.step,
+                    "last_eval_loss": last.get("eval_loss")}
+    if best.better_than(last, state.step):
+        best.restore_into(run.accelerator.unwrap_model(run.model, keep_torch_compile=False))
+        outcome.kept.update(step=best.step, eval_loss=best.loss)
+        outcome.final_metrics = dict(best.metrics)
+        run.accelerator.print(f"kept the weights of step {best.step} (eval_loss {best.loss:.4f}): the last "
+                              f"evaluation, at step {state.step}, scored {last.get('eval_loss', math.nan):.4f}")
+
+
+def fix_plan(run: TrainingRun, state: RunState, probe: Probe, elapsed: float) -> tuple[Probe | None, int]:
+    """Plan the time budget from the timed window: the figures agreed by every process (their mean); the first
+    time, one evaluation is timed when the run will evaluate along the way. The schedule is laid over the
+    planned steps. Returns (the next timing window or None once the plan is final, the step of an evaluation
+    made here or -1)."""
+    budget, accelerator, args = run.budget, run.accelerator, run.schedule_args
+    figures = torch.tensor([probe.seconds_per_step, elapsed], dtype=torch.float64,
+                           device=accelerator.device)
+    step_seconds, elapsed = accelerator.reduce(figures, "mean").tolist()
+    evaluated_at, eval_seconds = -1, budget.seconds_per_evaluation or 0.0
+    if budget.planned_steps is None and budget.evaluations(budget.steps_that_fit(state.step, elapsed, step_seconds, 0)):
+        begin = time.perf_counter()
+        validate(run, state)
+        spent = torch.tensor(time.perf_counter() - begin, dtype=torch.float64, device=accelerator.device)
+        evaluated_at, eval_seconds = state.step, accelerator.reduce(spent, "mean").item()
+        elapsed += eval_seconds
+    planned = budget.plan(state.step, budget.steps_that_fit(state.step, elapsed, step_seconds, eval_seconds),
+                          step_seconds, eval_seconds)
+    state.planned_steps, state.plan_final = planned, budget.final
+    relay_schedule(run.scheduler, args, planned)
+    run.settings = replace(run.settings, total_steps=planned, eval_steps=every(args.eval_steps, planned),
+                           checkpointing_steps=every(args.checkpointing_steps, planned))
+    run.recipe["schedule"] = describe_schedule(args, planned)
+    accelerator.print(f"time budget of {budget.seconds / 60:g} min: {step_seconds * 1000:.0f} ms per step"
+                      + (f", {eval_seconds:.1f} s per evaluation" if eval_seconds else "")
+                      + f"; the schedule is laid over {planned} steps"
+                      + ("" if budget.final else f" (timed again at step {budget.replan_step(planned)})"))
+    return (None if budget.final else budget.second_window(state.step)), evaluated_at
 
 
 def draw_window(run: TrainingRun, state: RunState, untrained: dict[str, Any] | None) -> list[dict[str, torch.Tensor]]:
@@ -487,7 +587,8 @@ def stop_early(
         outcome.checkpoint = checkpoint_of_last_step(run, state, untrained)
         return
     outcome.stopped_by_time_budget = True
-    run.accelerator.print(f"time budget of {run.settings.max_seconds / 60:g} min reached at step {state.step}")
+    run.accelerator.print(f"time budget of {run.settings.max_seconds / 60:g} min reached at step {state.step} of "
+                          f"{run.settings.total_steps}")
 
 
 def train_step(
@@ -550,6 +651,9 @@ def validate(run: TrainingRun, state: RunState) -> dict[str, float]:
     """Run the evaluation, keep its samples in the state, write an eval record; returns the metrics."""
     metrics, state.last_samples = run.evaluation(run.model, run.accelerator)
     run.model.train()
+    if run.best is not None:
+        run.best.offer(run.accelerator.unwrap_model(run.model, keep_torch_compile=False), state.step, metrics)
+        state.best_step, state.best_metrics = run.best.step, run.best.metrics
     if run.accelerator.is_main_process:
         if run.output_dir is not None:
             append_metrics(run.output_dir, {"type": "eval", "step": state.step, **metrics})
@@ -592,6 +696,8 @@ def save_checkpoint(run: TrainingRun, state: RunState, stream_state: dict[str, A
             save_stream_position(stream_state or run.stream.state_dict(), partial, accelerator.process_index)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
+            if run.best is not None:
+                run.best.save(partial)
             write_run_state(partial, {**run.checkpoint_fields, **asdict(state)})
     except (OSError, RuntimeError) as error:
         shutil.rmtree(partial, ignore_errors=True)
@@ -611,8 +717,14 @@ def save_checkpoint(run: TrainingRun, state: RunState, stream_state: dict[str, A
 def run_summary(run: TrainingRun, state: RunState, outcome: FitOutcome) -> dict[str, Any]:
     """The part of training_summary.json every run has, whatever trained it."""
     model = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
+    passes = (None if not run.settings.batches_per_epoch else
+              round(state.step * run.settings.accumulation_steps / run.settings.batches_per_epoch, 3))
     return {
         "steps": state.step, "tokens_seen": state.tokens_seen, "train_seconds": round(state.train_seconds, 2),
+        "epochs": passes if run.stream is None else run.stream.epoch,
+        **({"time_budget": run.budget.record(state.step, state.train_seconds, outcome.stopped_by_time_budget)}
+           if run.budget is not None else {}),
+        **({"kept": outcome.kept} if outcome.kept else {}),
         "hardware": describe_hardware(run.accelerator.device, run.accelerator.num_processes),
         "mixed_precision": effective_precision(run.accelerator), "num_processes": run.accelerator.num_processes,
         "final_metrics": outcome.final_metrics,

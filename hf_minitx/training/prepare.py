@@ -260,9 +260,13 @@ def check_training_arguments(train_args: TrainArguments) -> None:
     for name, (value, least) in at_least.items():
         if value is not None and value < least:
             raise ValueError(f"--{name} must be >= {least}, got {value}")
+    for name in ("eval_steps", "checkpointing_steps"):
+        value = getattr(train_args, name)
+        if value is not None and value > 1 and not float(value).is_integer():
+            raise ValueError(f"--{name} is a whole number of steps or a fraction of the run in (0, 1), got {value}")
     if train_args.max_steps is not None and train_args.max_steps < 1:
         raise ValueError(f"--max_steps must be >= 1, got {train_args.max_steps}")
-    if train_args.max_steps is None and train_args.num_epochs <= 0:
+    if train_args.num_epochs is not None and not train_args.num_epochs > 0:
         raise ValueError(f"--num_epochs must be > 0 (or give --max_steps), got {train_args.num_epochs}")
     if not train_args.learning_rate > 0:
         raise ValueError(f"--learning_rate must be > 0, got {train_args.learning_rate}")

@@ -1,135 +1,170 @@
-"""The benchmark's quality section on tiny cases: bits per byte over the whole validation text (checked by hand),
-nanoGPT's schedule and weight decay on the reference side, our side built from `minitx train`'s defaults, and
-bad settings refused before any training. No timing assertions."""
+"""The benchmark's quality section: one scorer for both sides (every validation token once, bits per byte),
+nanoGPT's schedule and weight decay on the reference side, our side as the `minitx train` command users type,
+the two sides alternating, and bad settings refused before any training. No timing assertions."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from accelerate import Accelerator
-from torch.utils.data import DataLoader
 
 from hf_minitx.tools import benchmark
 from hf_minitx.tools.quality_bench import (
+    CURVE_POINTS,
     NANOGPT,
-    BitsPerByte,
     QualitySettings,
-    WallClockSchedule,
-    corpus_data,
     format_quality,
-    nanogpt_lr_factor,
-    our_recipe,
-    our_side,
-    reference_side,
+    nanogpt_lr,
+    nanogpt_optimizer,
+    our_arguments,
+    plot_curves,
+    reference_model,
+    run_quality,
+    score_bits,
+    train_reference,
+    write_splits,
 )
-from hf_minitx.training.arguments import DataArguments, TrainArguments
+from hf_minitx.training.arguments import parse_training_args
 
-LINES = [f"line {i}: the cat sat on the mat, and the dog — café — ran {i * 7} laps." for i in range(400)]
-
-
-@pytest.fixture(scope="module")
-def tiny_corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("quality") / "corpus.txt"
-    path.write_text("\n".join(LINES) + "\n", encoding="utf-8")
-    data_args = DataArguments(tokenizer_vocab_size=300, block_size=16)
-    return path, corpus_data(str(path), data_args, seed=42)
+LINES = [f"line {i}: the cat sat on the mat, and the dog — café — ran {i * 7} laps." for i in range(300)]
 
 
 class Uniform(torch.nn.Module):
-    """Equal logits for every token: each prediction costs ln(vocab) nats."""
+    """Equal logits for every token: each prediction costs log2(vocab) bits."""
 
     def __init__(self, vocab: int) -> None:
         super().__init__()
-        self.vocab = vocab
-        self.unused = torch.nn.Linear(1, 1)
+        self.vocab, self.calls = vocab, 0
 
     def forward(self, input_ids):
+        self.calls += 1
         return SimpleNamespace(logits=torch.zeros(*input_ids.shape, self.vocab))
 
 
-def test_bits_per_byte_covers_the_whole_validation_text_once(tiny_corpus):
-    path, data = tiny_corpus
-    from hf_minitx.data.corpus import load_corpus
+class Bigram(torch.nn.Module):
+    """Logits that depend on the previous token only: any context >= 2 scores every token alike."""
 
-    text = "".join(load_corpus(str(path), task="causal-lm", seed=42)["validation"]["text"])
-    assert data.num_bytes == len(text.encode("utf-8")) > len(text)  # bytes, not characters ("é", "—")
-    loader = DataLoader(data.validation, batch_size=4, collate_fn=data.collate)
-    metrics, _ = BitsPerByte(loader, data.num_bytes)(Uniform(data.vocab_size), Accelerator(cpu=True))
-    # by hand: every token of the validation text plus the closing <eos>, each ln(V) nats
-    tokens = metrics["eval_tokens"]
-    assert tokens == _count_text_tokens(data, text) + 1
-    assert metrics["eval_bits_per_byte"] == pytest.approx(tokens * math.log2(data.vocab_size) / data.num_bytes)
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, input_ids):
+        return SimpleNamespace(logits=self.table[input_ids])
 
 
-def _count_text_tokens(data, text: str) -> int:
-    """The validation text's token count, read back from the packed blocks (overlap of one token removed)."""
-    rows = [data.collate([row])["labels"][0] for row in data.validation]
-    stream = torch.cat([rows[0]] + [row[1:] for row in rows[1:]])
-    stream = stream[stream != -100]
-    assert stream[0].item() == data.special_ids["eos_token_id"]  # the context of a document start
-    return len(stream) - 2  # minus the leading context and the closing <eos>
+@pytest.mark.parametrize("length", [1, 2, 7, 8, 9, 50, 129])
+def test_the_scorer_scores_every_token_once(length):
+    ids = [3 + i % 11 for i in range(length)]
+    model = Uniform(16)
+    assert score_bits(model, ids, context=8, vocab_size=16) == pytest.approx(length * math.log2(16))
+
+
+def test_sliding_windows_give_each_token_the_context_a_whole_pass_would():
+    ids = torch.randint(0, 20, (200,), generator=torch.Generator().manual_seed(1)).tolist()
+    model = Bigram(20)
+    whole = score_bits(model, ids, context=1000, vocab_size=20)  # one window
+    assert score_bits(model, ids, context=16, vocab_size=20) == pytest.approx(whole, rel=1e-6)
 
 
 def test_nanogpt_schedule_warms_up_decays_to_min_lr_and_holds():
     peak, low = NANOGPT["learning_rate"], NANOGPT["min_lr"]
-    assert nanogpt_lr_factor(0) == pytest.approx(1 / 101)
-    assert nanogpt_lr_factor(100) == pytest.approx(1.0)
-    assert nanogpt_lr_factor(1050) == pytest.approx((low + 0.5 * (peak - low)) / peak)
-    assert nanogpt_lr_factor(2000) == pytest.approx(low / peak) == nanogpt_lr_factor(5000)
+    assert nanogpt_lr(0, 2000) == pytest.approx(peak / 101)
+    assert nanogpt_lr(99, 2000) == pytest.approx(peak * 100 / 101)
+    assert nanogpt_lr(100, 2000) == pytest.approx(peak)
+    assert nanogpt_lr(2000, 2000) == pytest.approx(low) == nanogpt_lr(5000, 2000)
+    assert nanogpt_lr(1050, 2000) == pytest.approx((peak + low) / 2)
+    assert nanogpt_lr(3000, 6000) > nanogpt_lr(3000, 2000)  # a longer budget decays over as many as fit
 
 
-def test_reference_is_gpt2_with_nanogpt_decay_on_every_matrix(tiny_corpus):
-    _, data = tiny_corpus
-    model, optimizer, _, batch, clip = reference_side(QualitySettings(hidden=32, heads=4, layers=2), data)
-    assert type(model).__name__ == "GPT2LMHeadModel" and (batch, clip) == (12, 1.0)
-    decayed = {id(p) for p in optimizer.param_groups[0]["params"]}
-    assert optimizer.param_groups[0]["weight_decay"] == 0.1 and optimizer.defaults["betas"] == (0.9, 0.99)
-    for name, param in model.named_parameters():
-        assert (id(param) in decayed) == (param.dim() >= 2), name
-    assert model.config.resid_pdrop == model.config.attn_pdrop == model.config.embd_pdrop == 0.0
+def test_reference_is_gpt2_of_the_shared_shape_with_decay_on_every_matrix():
+    settings = QualitySettings(hidden=32, heads=2, layers=2)
+    model = reference_model(settings, 100, 16, {"bos_token_id": 1, "eos_token_id": 2})
+    assert type(model).__name__ == "GPT2LMHeadModel" and model.config.n_embd == 32 and model.config.n_layer == 2
+    assert model.config.resid_pdrop == model.config.embd_pdrop == model.config.attn_pdrop == 0.0
+    decay, no_decay = nanogpt_optimizer(model).param_groups
+    assert decay["weight_decay"] == 0.1 and all(p.dim() >= 2 for p in decay["params"])
+    assert no_decay["weight_decay"] == 0.0 and all(p.dim() < 2 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
-def test_our_side_is_minitx_train_defaults_at_the_shared_shape(tiny_corpus, monkeypatch):
-    _, data = tiny_corpus
-    import hf_minitx.tools.quality_bench as quality
-
-    monkeypatch.setattr(quality, "probe_rate", lambda settings, data: 2.0)  # 2 steps/s: 20 steps in 10 s
-    settings = QualitySettings(seconds=10, hidden=32, heads=4, layers=2, ours_args="--block_size 16")
-    model, optimizer, scheduler, batch, clip, recipe = our_side(settings, data)
-    defaults = TrainArguments()
-    assert (batch, recipe["optimizer"]) == (defaults.per_device_train_batch_size, defaults.optimizer)
-    assert recipe["schedule"]["total_steps"] == 20 and recipe["block_size"] == 16
-    assert all(isinstance(fn, WallClockSchedule) and fn.steps == 20 for fn in scheduler.lr_lambdas)
-    assert (model.config.hidden_size, model.config.num_hidden_layers, model.config.num_attention_heads) == (32, 2, 4)
-    model_settings, _, train_args = our_recipe(QualitySettings(ours_args="--optimizer adamw --learning_rate 0.004"))
-    assert (train_args.optimizer, train_args.learning_rate) == ("adamw", 0.004)
+def test_our_side_is_the_command_users_type(tmp_path):
+    settings = QualitySettings(seconds=90, threads=2, ours_args="--optimizer adamw")
+    args = our_arguments(settings, tmp_path / "data", tmp_path / "tok", tmp_path / "out")
+    model_args, data_args, train_args = parse_training_args(args)
+    assert train_args.max_minutes == 1.5 and train_args.num_threads == 2 and train_args.optimizer == "adamw"
+    assert model_args.preset == "tiny"  # the default recipe, at the shared width and depth
+    assert model_args.config_overrides == "hidden_size=128,num_attention_heads=4,num_hidden_layers=4"
+    assert train_args.checkpointing_steps == 1 / CURVE_POINTS and train_args.eval_steps == 0
+    assert data_args.tokenizer == str(tmp_path / "tok")
+    assert QualitySettings().num_threads >= 1  # every core by default
 
 
-def test_bad_quality_settings_are_refused_before_work():
-    with pytest.raises(ValueError, match="quality_seconds must be > 0"):
-        QualitySettings(seconds=0).check()
-    with pytest.raises(ValueError, match="--quality_ours_args '--no_such_flag 1'.*no_such_flag"):
-        QualitySettings(ours_args="--no_such_flag 1").check()
-    with pytest.raises(ValueError, match="contradict"):
-        benchmark.main(["--no_quality", "--quality_only"])
+@pytest.mark.parametrize("settings, message", [
+    (QualitySettings(seconds=0), "--quality_seconds must be > 0"),
+    (QualitySettings(hidden=30, heads=4), "divisible by heads"),
+    (QualitySettings(threads=0), "--quality_threads must be >= 1"),
+    (QualitySettings(ours_args="--no_such_flag 1"), "--quality_ours_args"),
+])
+def test_bad_quality_settings_are_refused_before_work(settings, message):
+    with pytest.raises(ValueError, match=message):
+        settings.check()
 
 
-def test_quality_table_gives_the_ratio_per_corpus():
-    side = {"bits_per_byte": 1.5, "steps": 100}
-    table = format_quality({"settings": {"seconds": 60}, "corpora": {
-        "builtin:kjv": {"reference": side, "ours": {"bits_per_byte": 1.2, "steps": 300}, "ratio": 0.8}}})
-    assert "| builtin:kjv | 1.500 (100) | 1.200 (300) | 0.800x |" in table
+def test_bad_quality_settings_are_refused_by_the_command(tmp_path):
+    with pytest.raises(ValueError, match="--quality_seconds"):
+        benchmark.main(["--quality_only", "--quality_seconds", "-5", "--json", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
 
 
-def test_our_schedule_follows_the_clock_so_the_decay_ends_with_the_budget():
-    now = [100.0]
-    schedule = WallClockSchedule(lambda step: step, steps=200, seconds=10.0, clock=lambda: now[0])
-    assert schedule(0) == 0  # set at construction, before training
-    assert schedule(1) == 1  # the clock starts at the first step
-    now[0] += 5.0
-    assert schedule(7) == 101  # half the budget: half the schedule, whatever the step count
-    now[0] += 20.0
-    assert schedule(300) == 200  # past the budget: the last step's factor
+def test_the_reference_loop_takes_random_windows_and_keeps_snapshots_along_the_time(tmp_path):
+    from hf_minitx.data.tokenizer import train_bpe_tokenizer
+
+    tokenizer = train_bpe_tokenizer(iter(LINES), 300)
+    tokenizer.save_pretrained(tmp_path / "tok")
+    settings = QualitySettings(hidden=32, heads=2, layers=1, threads=1)
+    trained = train_reference(settings, str(tmp_path / "tok"), "\n".join(LINES), block=16, seconds=1.5)
+    assert trained["steps"] > 0 and trained["tokens_seen"] == trained["steps"] * NANOGPT["batch"] * 16
+    times = [s["seconds"] for s in trained["snapshots"]]
+    assert 2 <= len(times) <= CURVE_POINTS and times == sorted(times) and times[-1] >= 1.5
+    assert trained["decay_iters"] >= NANOGPT["decay_iters"]
+
+
+def test_the_table_and_the_curves_come_from_the_results(tmp_path):
+    side = {"bits_per_byte": 2.0, "steps": 10, "tokens_per_second": 100.0,
+            "curve": [{"seconds": 1.0, "bits_per_byte": 3.0}, {"seconds": 2.0, "bits_per_byte": 2.0}]}
+    result = {"settings": {"seconds": 60, "num_threads": 2}, "corpora": {
+        "builtin:kjv": {"reference": side, "ours": {**side, "bits_per_byte": 1.6, "steps": 20}, "ratio": 0.8}}}
+    table = format_quality(result)
+    assert "| builtin:kjv | 2.000 (10, 100) | 1.600 (20, 100) | **0.800×** |" in table
+    png = plot_curves(result, tmp_path / "curves.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_splits_are_the_first_ninety_percent_and_the_rest(tmp_path):
+    train, validation = write_splits("x" * 90 + "y" * 10, tmp_path)
+    assert (train, validation) == ("x" * 90, "y" * 10)
+    assert (tmp_path / "validation.txt").read_text() == "y" * 10
+
+
+@pytest.mark.slow
+def test_one_corpus_end_to_end_both_sides_alone_one_scorer(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(LINES * 3), encoding="utf-8")
+    settings = QualitySettings(seconds=6, corpora=(str(corpus),), hidden=32, heads=2, layers=1, threads=1,
+                               ours_args="--tokenizer_vocab_size 300 --block_size 32", curve_tokens=2000)
+    result = run_quality(settings, log=lambda _: None, work=tmp_path / "work")
+    figures = result["corpora"][str(corpus)]
+    ours, ref = figures["ours"], figures["reference"]
+    assert figures["first"] == "ours"  # the first corpus starts with ours; the next one with the reference
+    assert figures["ratio"] == pytest.approx(ours["bits_per_byte"] / ref["bits_per_byte"])
+    assert 0 < ours["bits_per_byte"] < 8 and 0 < ref["bits_per_byte"] < 8
+    assert ours["time_budget"]["planned_steps"] == ours["steps"] and ours["train_seconds"] <= 6
+    assert ref["train_seconds"] >= 6 and ref["steps"] > 0
+    for side in (ours, ref):
+        seconds = [p["seconds"] for p in side["curve"]]
+        assert len(seconds) >= 3 and seconds == sorted(seconds) and side["load_average"] is not None
+        assert side["curve"][-1]["bits_per_byte"] < side["curve"][0]["bits_per_byte"]  # it learned along the way
+    assert Path(tmp_path / "work" / "corpus0" / "ours" / "model.safetensors").is_file()

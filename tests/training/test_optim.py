@@ -203,6 +203,37 @@ def test_newton_schulz_on_the_gram_matrix_is_the_plain_iteration(shape):
                                atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("shape", [(24, 96), (96, 24), (40, 40)])
+def test_a_stack_of_matrices_is_orthogonalised_like_each_matrix_alone(shape):
+    from hf_minitx.training.optim import newton_schulz
+
+    coefficients = (3.4445, -4.775, 2.0315)
+    torch.manual_seed(0)
+    stack = torch.randn(5, *shape) * torch.logspace(-2, 1, 5)[:, None, None]  # each matrix its own scale
+    together = newton_schulz(stack, coefficients, 5, 1e-7)
+    assert together.shape == stack.shape
+    for matrix, got in zip(stack, together, strict=True):
+        torch.testing.assert_close(got, newton_schulz(matrix, coefficients, 5, 1e-7), atol=1e-5, rtol=1e-4)
+
+
+def test_muon_orthogonalises_same_shaped_matrices_together_with_the_same_result():
+    from hf_minitx.training.optim import Muon
+
+    torch.manual_seed(0)
+    params = [nn.Parameter(torch.randn(*shape)) for shape in [(16, 16), (16, 48), (16, 16), (48, 16), (16, 48)]]
+    alone = [nn.Parameter(p.detach().clone()) for p in params]
+    together, one_by_one = Muon(params, lr=0.02), [Muon([p], lr=0.02) for p in alone]
+    for _ in range(3):
+        for p, q in zip(params, alone, strict=True):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        together.step()
+        for optimizer in one_by_one:
+            optimizer.step()
+    for p, q in zip(params, alone, strict=True):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+
+
 def test_newton_schulz_stays_bounded_on_rank_one_updates_at_any_number_of_steps():
     """The Gram form's rounding grows in the null directions with each step: it is used for up to 5 steps
     (close to the exact iteration even for a rank-1 update), the plain form beyond."""

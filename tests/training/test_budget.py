@@ -1,0 +1,254 @@
+"""A time budget as a plan in steps (--max_minutes), and the best model by validation (--load_best_model_at_end)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import KILL_AFTER_FIRST_CHECKPOINT, assert_same_weights, tiny_causal
+from safetensors.torch import load_file
+from test_train import _fresh_accelerate_state, causal_args, records, text_file  # noqa: F401  (fixtures)
+
+from hf_minitx.training.arguments import TrainArguments
+from hf_minitx.training.best import BestWeights
+from hf_minitx.training.budget import GRACE, MARGIN, TimeBudget, every
+from hf_minitx.training.loop import FitOutcome, RunState, keep_best, main
+from hf_minitx.training.optim import build_optimizer, build_scheduler, relay_schedule
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def summary_of(folder: Path) -> dict:
+    return json.loads((folder / "training_summary.json").read_text())
+
+
+# --- the plan ----------------------------------------------------------------------------------------
+
+
+def test_the_plan_fits_the_steps_and_evaluations_in_what_is_left_of_the_budget():
+    budget = TimeBudget(100.0, eval_steps=50)
+    steps = budget.steps_that_fit(done=20, elapsed=10.0, step_seconds=0.1, eval_seconds=2.0)
+    assert steps == 20 + int((100 * (1 - MARGIN) - 10) / (0.1 + 2.0 / 50))  # an evaluation's time every 50 steps
+    assert TimeBudget(100.0, eval_steps=0.25).steps_that_fit(20, 10.0, 0.1, 2.0) == 20 + int((100 * (1 - MARGIN) - 10 - 4 * 2.0) / 0.1)
+    assert TimeBudget(100.0, step_cap=50).steps_that_fit(10, 10.0, 0.1, 0.0) == 50  # --max_steps bounds the plan
+    assert TimeBudget(5.0).steps_that_fit(20, 10.0, 0.1, 0.0) == 20  # the probe ate the budget
+
+
+def test_a_stable_phase_is_timed_twice_and_the_second_plan_keeps_the_decay_ahead():
+    budget = TimeBudget(100.0, decay_ratio=0.3)
+    assert budget.plan(20, 900, 0.1, 0.0) == 900 and not budget.fixed  # timed again, up to half the plan
+    window = budget.second_window(20)
+    assert (window.first_timed, window.last) == (180, 450)  # from a fifth of the plan: the machine has settled
+    assert budget.plan(450, 800, 0.11, 0.0) == 800 and budget.fixed
+    slow = TimeBudget(100.0, decay_ratio=0.3)
+    slow.plan(20, 900, 0.1, 0.0)
+    assert slow.plan(450, 500, 0.4, 0.0) == math.ceil(451 / 0.7)  # the decay had not started at step 450
+    once = TimeBudget(100.0)  # cosine and linear: the rate depends on the length at once, one plan
+    assert once.plan(20, 900, 0.1, 0.0) == 900 and once.fixed
+
+
+@pytest.mark.parametrize("kind", ["warmup_stable_decay", "cosine", "linear"])
+def test_a_schedule_relaid_after_the_probe_is_the_schedule_of_the_planned_length(kind):
+    args = replace(TrainArguments(output_dir="unused"), lr_scheduler_type=kind, warmup_steps=20)
+    model = tiny_causal()
+    planned = build_scheduler(build_optimizer(model, args), args, 300)
+    relaid = build_scheduler(build_optimizer(model, args), args, 10**9)  # the provisional length
+    rates = []
+    for step in range(300):
+        if step == 20:  # the probe ends inside warmup: nothing so far depended on the length
+            relay_schedule(relaid, args, 300)
+        assert relaid.get_last_lr() == pytest.approx(planned.get_last_lr(), rel=1e-12), step
+        rates.append(planned.get_last_lr()[0])
+        for scheduler in (planned, relaid):
+            scheduler.optimizer.step()
+            scheduler.step()
+    assert relaid.get_last_lr() == pytest.approx(planned.get_last_lr(), rel=1e-12)
+    assert rates[-1] < 0.05 * max(rates)  # the decay reaches the end of the planned steps
+
+
+class TickingClock:
+    """A clock that advances a fixed amount at every reading: each step costs the same, as on a quiet machine."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def perf_counter(self) -> float:
+        self.now += self.tick
+        return self.now
+
+    def __getattr__(self, name: str):
+        import time
+
+        return getattr(time, name)
+
+
+@pytest.mark.slow
+def test_max_minutes_decays_to_the_final_rate_before_the_budget_ends(text_file, tmp_path, monkeypatch):  # noqa: F811
+    from hf_minitx.training import loop
+
+    monkeypatch.setattr(loop, "time", TickingClock(0.002))  # every step reads the clock the same number of times
+    out = tmp_path / "timed"
+    main(causal_args(text_file, out, "--max_minutes", "0.1", "--optimizer", "adamw", "--learning_rate", "3e-3"))
+    summary = summary_of(out)
+    plan = summary["time_budget"]
+    assert plan["ended_by"] == "plan" and plan["planned_steps"] == plan["steps_run"] == summary["steps"]
+    assert plan["planned_steps"] > plan["probe_steps"] and plan["seconds_per_step"] > 0
+    assert 0.95 * 6.0 <= summary["train_seconds"] <= 6.0  # within 5% of the budget
+    assert summary["recipe"]["schedule"]["total_steps"] == plan["planned_steps"]
+    assert summary["epochs"] == round(records(out, "train")[-1]["epoch"], 3) > 1  # passes over the data, said
+    rates = [r["learning_rate"] for r in records(out, "train")]
+    decay = summary["recipe"]["schedule"]["decay_steps"]
+    assert rates[-1] <= 3e-3 / decay + 1e-12  # the last step ran at the decay's last rate
+    assert all(a > b for a, b in zip(rates[-decay:], rates[-decay + 1:], strict=False))  # falling to the end
+    card = (out / "README.md").read_text()
+    assert f"{plan['planned_steps']:,} steps planned" in card and "Passes over the training data" in card
+
+
+@pytest.mark.slow
+def test_a_machine_slower_than_its_timing_is_stopped_by_the_clock_and_says_so(text_file, tmp_path, monkeypatch):  # noqa: F811
+    from hf_minitx.training import loop
+
+    clock = TickingClock(0.002)
+    real_step = loop.train_step
+
+    def slower_after_the_plan(run, state, *args):
+        if state.planned_steps and run.budget.fixed:
+            clock.tick = 0.003  # 50% slower once the plan is final
+        return real_step(run, state, *args)
+
+    monkeypatch.setattr(loop, "time", clock)
+    monkeypatch.setattr(loop, "train_step", slower_after_the_plan)
+    out = tmp_path / "slowed"
+    main(causal_args(text_file, out, "--max_minutes", "0.1"))
+    plan = summary_of(out)["time_budget"]
+    assert plan["ended_by"] == "clock" and plan["steps_run"] < plan["planned_steps"]
+    assert 6.0 <= summary_of(out)["train_seconds"] <= 6.0 * (1 + GRACE) + 0.1
+    assert "the clock stopped it first" in (out / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_timed_run_killed_and_resumed_keeps_its_plan_and_equals_a_run_of_that_many_steps(text_file, tmp_path):  # noqa: F811
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    killed, straight = tmp_path / "killed", tmp_path / "straight"
+
+    def timed(minutes: str) -> list[str]:
+        return causal_args(text_file, killed, "--max_minutes", minutes, "--checkpointing_steps", "0.7")
+
+    died = subprocess.run([sys.executable, "-c", KILL_AFTER_FIRST_CHECKPOINT, *timed("0.1")], env=env, cwd=REPO,
+                          timeout=300, capture_output=True)
+    assert died.returncode == -signal.SIGKILL, died.stderr.decode()[-2000:]
+    (checkpoint,) = killed.glob("checkpoint-*")
+    saved = json.loads((checkpoint / "run_state.json").read_text())
+    assert saved["plan_final"] and saved["step"] == every(0.7, saved["planned_steps"])  # the final plan came first
+    # the resumed run keeps the recorded plan; a longer budget only moves the clock's cap (a restarted process
+    # spends its first steps warming up, which a 6-second test cannot absorb)
+    subprocess.run([sys.executable, "-m", "hf_minitx", "train", *timed("0.3"), "--resume_from_checkpoint", "latest"],
+                   check=True, env=env, cwd=REPO, timeout=300)
+    plan = summary_of(killed)["time_budget"]
+    assert plan["planned_steps"] == saved["planned_steps"] == plan["steps_run"]  # the same plan, run to its end
+    # the recorded plan repeats the run without a clock, bit for bit
+    subprocess.run([sys.executable, "-m", "hf_minitx", "train",
+                    *causal_args(text_file, straight, "--max_steps", str(plan["planned_steps"]))],
+                   check=True, env=env, cwd=REPO, timeout=300)
+    assert_same_weights(straight, killed)
+    assert [r["learning_rate"] for r in records(straight, "train")] == [
+        r["learning_rate"] for r in records(killed, "train")]
+
+
+@pytest.mark.slow
+def test_two_processes_agree_on_one_plan(text_file, tmp_path):  # noqa: F811
+    from test_train import _free_port
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    out = tmp_path / "two"
+    subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                    "--main_process_port", str(_free_port()), "-m", "hf_minitx", "train",
+                    *causal_args(text_file, out, "--max_minutes", "0.15", "--per_device_train_batch_size", "4")],
+                   check=True, env=env, cwd=REPO, timeout=300)
+    plan = summary_of(out)["time_budget"]  # processes that disagreed would hang in a collective, or differ in steps
+    assert plan["planned_steps"] >= plan["steps_run"] == summary_of(out)["steps"] >= 0.9 * plan["planned_steps"]
+
+
+# --- the best model by validation -------------------------------------------------------------------
+
+
+def _run_with(model: torch.nn.Module, best: BestWeights):
+    from accelerate import Accelerator
+
+    return SimpleNamespace(best=best, accelerator=Accelerator(cpu=True), model=model)
+
+
+def test_the_best_evaluation_weights_come_back_when_the_last_evaluation_is_worse():
+    model = tiny_causal()
+    best = BestWeights()
+    best.offer(model, 10, {"eval_loss": 2.0})
+    kept = {k: v.clone() for k, v in model.state_dict().items()}
+    best.offer(model, 20, {"eval_loss": float("nan")})  # NaN never wins
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    best.offer(model, 30, {"eval_loss": 3.0})  # worse: not kept
+    outcome = FitOutcome(final_metrics={"eval_loss": 3.0})
+    keep_best(_run_with(model, best), RunState(step=30), outcome)
+    assert outcome.kept == {"step": 10, "eval_loss": 2.0, "last_step": 30, "last_eval_loss": 3.0}
+    assert outcome.final_metrics == {"eval_loss": 2.0}
+    assert all(torch.equal(kept[k], v) for k, v in model.state_dict().items())
+
+
+def test_the_last_weights_stay_when_the_last_evaluation_is_the_best():
+    model = tiny_causal()
+    best = BestWeights()
+    best.offer(model, 10, {"eval_loss": 2.0})
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    best.offer(model, 30, {"eval_loss": 1.0})
+    now = {k: v.clone() for k, v in model.state_dict().items()}
+    outcome = FitOutcome(final_metrics={"eval_loss": 1.0})
+    keep_best(_run_with(model, best), RunState(step=30), outcome)
+    assert outcome.kept["step"] == 30 and all(torch.equal(now[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.slow
+def test_the_best_weights_survive_a_resume_and_are_the_ones_saved(text_file, tmp_path, monkeypatch):  # noqa: F811
+    """Scripted evaluation losses make step 20 the best; the run is stopped at 30 and resumed to 40."""
+    from hf_minitx.training import evaluation
+
+    losses = iter([5.0, 1.0, 3.0, 4.0, 4.5])
+    real = evaluation.TextEvaluation.__call__
+
+    def scripted(self, model, accelerator):
+        metrics, samples = real(self, model, accelerator)
+        return {**metrics, "eval_loss": next(losses)}, samples
+
+    monkeypatch.setattr(evaluation.TextEvaluation, "__call__", scripted)
+    out = tmp_path / "best"
+    common = ("--eval_steps", "10", "--checkpointing_steps", "10", "--save_total_limit", "10")
+    main(causal_args(text_file, out, "--max_steps", "30", *common))
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    main(causal_args(text_file, out, "--max_steps", "40", *common, "--resume_from_checkpoint",
+                     str(out / "checkpoint-30")))
+    summary = summary_of(out)
+    assert summary["kept"] == {"step": 20, "eval_loss": 1.0, "last_step": 40, "last_eval_loss": 4.0}
+    assert summary["final_metrics"]["eval_loss"] == 1.0
+    from hf_minitx.tools.explore import read_weights
+    from hf_minitx.training.checkpoints import MODEL_FILES
+
+    (weights,) = [out / "checkpoint-20" / name for name in MODEL_FILES if (out / "checkpoint-20" / name).is_file()]
+    final, at_20 = load_file(out / "model.safetensors"), read_weights(weights)
+    assert final.keys() <= at_20.keys()
+    assert all(torch.equal(final[k], at_20[k]) for k in final)
+    assert "Weights kept" in (out / "README.md").read_text()
