@@ -17,8 +17,8 @@ Workloads:
 - `mfu` (CUDA only): model FLOPs utilisation at a GPT-2-small shape in bf16, eager and `torch.compile`d.
 - data preparation (``data_prep_bench``): raw .txt to packed blocks, hf_minitx vs run_clm's map + group_texts on
   line rows and on paragraph rows.
-- quality (``quality_bench``): validation bits per byte at equal wall time, hf_minitx's default recipe vs GPT-2
-  trained with nanoGPT's recipe, on the same tokens.
+- quality (``quality_bench``): validation bits per byte at equal wall time, `minitx train --max_minutes T` vs
+  GPT-2 trained in a plain loop with nanoGPT's recipe, on the same tokens, each side alone on every core.
 """
 
 from __future__ import annotations
