@@ -139,7 +139,7 @@ def test_inductor_compiled_static_cache_gives_dynamic_tokens_with_one_decode_gra
 
 
 def test_one_static_cache_serves_prompts_of_any_length_with_one_compiled_graph():
-    """The README's recipe for a long session: one StaticCache of fixed size, reset before each generate()."""
+    """docs/generation.md's recipe for a long session: one StaticCache of fixed size, reset before each generate()."""
     from torch._dynamo.utils import counters
     from transformers import StaticCache
 
