@@ -57,6 +57,8 @@ SUBCOMMANDS = (
                "hf_minitx.tools.experiments"),
     Subcommand("benchmark", "hf_minitx side by side with GPT-2, BART and torch.nn.Transformer",
                "hf_minitx.tools.benchmark"),
+    Subcommand("benchmark-report", "rewrite docs/performance.md's tables and README.md's headline from benchmark JSON",
+               "hf_minitx.tools.benchmark_report"),
     Subcommand("demo", "train a KJV language model and a number translator offline, then generate",
                "hf_minitx.tools.demo"),
     Subcommand("check-device", "compare a saved model on a GPU with the CPU, and cached generation",

@@ -11,16 +11,16 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from hf_minitx.models.modeling_minitx import MiniTxLMHeadMixin  # noqa: E402
+from hf_minitx.models import decoding_minitx  # noqa: E402
 
 # generate() reads the weights in the decode layout from this many new tokens on; the tests' calls are short
-DECODE_LAYOUT_MIN_NEW_TOKENS = MiniTxLMHeadMixin.decode_layout_min_new_tokens
+DECODE_LAYOUT_MIN_NEW_TOKENS = decoding_minitx.DECODE_LAYOUT_MIN_NEW_TOKENS
 
 
 @pytest.fixture(autouse=True)
 def decode_layout_for_every_generate_call(monkeypatch):
     """Every test's generate() call takes the decode layout, so parity tests cover it whatever their length."""
-    monkeypatch.setattr(MiniTxLMHeadMixin, "decode_layout_min_new_tokens", 1)
+    monkeypatch.setattr(decoding_minitx, "DECODE_LAYOUT_MIN_NEW_TOKENS", 1)
 
 
 def tiny_config(**overrides):

@@ -1,4 +1,4 @@
-"""The package is layered: nothing imports upward (README, Layout).
+"""The package is layered: nothing imports upward (README, Layout), and no modules import each other in a circle.
 
 Every import of every module is read with `ast` (function-level imports too, since a lazy import is still a
 dependency) and resolved to the part of the package it names. Bottom to top:
@@ -107,3 +107,54 @@ def test_the_command_module_imports_no_part_of_the_package():
     """cli.py dispatches by module name, so every layer may use its helpers without an import cycle."""
     imported = {target for _, target in package_imports(PACKAGE / "cli.py")}
     assert imported <= {"hf_minitx.__version__"}, imported
+
+
+def _owning_module(target: str) -> str | None:
+    """The package module an import names: 'hf_minitx.cli.parse_arguments' -> 'hf_minitx.cli'; None if none."""
+    parts = target.split(".")
+    while parts:
+        path = PACKAGE.parent.joinpath(*parts)
+        if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (function-level imports too), from every file's `ast`."""
+    graph: dict[str, set[str]] = {}
+    for path in _sources():
+        name = _module_name(path)
+        where = str(path.relative_to(PACKAGE))
+        graph[name] = {owner for _, target in package_imports(path) if (where, target) not in NOT_DEPENDENCIES
+                       and (owner := _owning_module(target)) not in (None, name)}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph` as [a, b, ..., a], or None: a depth-first search that meets its own path."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return path[path.index(node):] + [node]
+        if node in done:
+            return None
+        for other in sorted(graph.get(node, ())):
+            if cycle := visit(other, path + [node]):
+                return cycle
+        done.add(node)
+        return None
+
+    return next((cycle for node in sorted(graph) if (cycle := visit(node, []))), None)
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+    assert "hf_minitx.models.decoding_minitx" in import_graph()["hf_minitx.models.layers_minitx"]
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)

@@ -1,6 +1,6 @@
 """Resolve a ``--dataset`` argument into a ``DatasetDict`` with ``train`` and ``validation`` splits.
 
-Accepted forms (see README, section Data):
+Accepted forms (see docs/data.md):
 
 * ``builtin:NAME``: a corpus that needs no network (``BUILTIN_CORPORA`` lists them);
 * local files: ``.txt``, ``.json``/``.jsonl``, ``.csv``, ``.parquet``; one path, a glob

@@ -1,4 +1,9 @@
-"""Building blocks: multi-head attention, the position-wise feed-forward network, encoder and decoder layers."""
+"""Building blocks: norms, multi-head attention, the position-wise feed-forward network, encoder and decoder layers.
+
+Each linear map goes through `decoding_minitx.project` (and self-attention's three through
+`project_query_key_value`): the layer's own call, except inside `generate()`, where the weights are read in the
+layout decoding reads fastest. That machinery lives in `decoding_minitx.py`; this file is the architecture.
+"""
 
 from collections.abc import Callable
 from typing import NamedTuple
@@ -11,6 +16,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .attention_minitx import eager_attention_forward
 from .configuration_minitx import MiniTxConfig
+from .decoding_minitx import project, project_query_key_value
 from .positions_minitx import apply_rotary
 
 
@@ -116,92 +122,14 @@ ACTIVATIONS: dict[str, Activation] = {
 }
 
 
-class GenerationWeight(NamedTuple):
-    """A linear layer's weight as `generate()` reads it: `weight` (out, in) as stored (or fused), and on a CPU
-    `by_input`, a (parts, in, out / parts) copy of a wide weight for single-row products."""
-
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    by_input: torch.Tensor | None
-
-
-def generation_weight(linears: tuple[nn.Linear, ...], parts: int = 1) -> GenerationWeight | None:
-    """One weight for `linears` (their outputs concatenated), laid out for the products of decoding.
-
-    On a CPU a weight with at least as many outputs as inputs also gets a copy for one row at a time (batch 1):
-    (in, out) split by outputs into `parts` (one per thread; 1 when `out` does not divide), (parts, in,
-    out / parts). The matrix-vector product then streams rows of outputs instead of taking one short dot product
-    per output, and a batched product gives each thread its own part (BLAS runs a single matrix-vector product
-    on one thread): about 1.6x faster than the stored layout over the benchmark's weights on 2 cores, same
-    values. A single weight is otherwise not copied. None where a linear is not a plain `nn.Linear` without
-    hooks (PEFT, accelerate): those keep their own call.
-    """
-    if any(type(p) is not nn.Linear or p._forward_hooks or p._forward_pre_hooks for p in linears):
-        return None
-    weights = [p.weight.detach() for p in linears]
-    weight = torch.cat(weights) if len(weights) > 1 else weights[0]  # (out, in)
-    bias = None
-    if linears[0].bias is not None:
-        bias = torch.cat([p.bias.detach() for p in linears]) if len(linears) > 1 else linears[0].bias.detach()
-    by_input = None
-    if weight.device.type == "cpu" and weight.shape[0] >= weight.shape[1]:
-        parts = parts if parts > 1 and weight.shape[0] % parts == 0 else 1
-        by_input = weight.t().reshape(weight.shape[1], parts, -1).transpose(0, 1).contiguous()  # (parts, in, out/parts)
-    return GenerationWeight(weight, bias, by_input)
-
-
-def project_with(copy: GenerationWeight, states: torch.Tensor) -> torch.Tensor:
-    """(..., in) -> (..., out): the linear map of a `GenerationWeight`, with its bias.
-
-    On a CPU, one row goes through the split (in, out) copy where there is one, one part per thread; several
-    rows (a batch of decode steps, or a prompt) are computed as weight @ states^T, (out, in) @ (in, rows), and
-    read transposed (a caller that needs unit-stride features makes them contiguous): BLAS splits that product
-    over the weight's rows, about 2x faster than states @ weight^T for 2 to 64 rows on 2 cores (measured over
-    the benchmark's weights; still 1.3x at 256 rows).
-    """
-    if copy.weight.device.type != "cpu":
-        return nn.functional.linear(states, copy.weight, copy.bias)
-    flat = states.reshape(-1, states.shape[-1])  # (rows, in)
-    if flat.shape[0] == 1:
-        if copy.by_input is None:
-            return nn.functional.linear(states, copy.weight, copy.bias)
-        parts = copy.by_input.shape[0]
-        if parts == 1:  # one (in, out) product (and what torch.compile keeps as BLAS's, not its own loop)
-            out = flat @ copy.by_input[0] if copy.bias is None else torch.addmm(copy.bias, flat, copy.by_input[0])
-        else:
-            row = flat.expand(parts, 1, flat.shape[-1])  # (parts, 1, in)
-            bias = None if copy.bias is None else copy.bias.view(parts, 1, -1)
-            out = torch.bmm(row, copy.by_input) if bias is None else torch.baddbmm(bias, row, copy.by_input)
-            out = out.view(1, -1)  # (parts, 1, out/parts) -> (1, out): the parts in order
-    elif copy.bias is None:
-        out = (copy.weight @ flat.T).T  # (rows, out), strides (1, rows)
-    else:
-        out = torch.addmm(copy.bias.unsqueeze(-1), copy.weight, flat.T).T  # (rows, out), strides (1, rows)
-    return out.view(*states.shape[:-1], out.shape[-1])  # (..., out)
-
-
-def project(linear: nn.Module, states: torch.Tensor) -> torch.Tensor:
-    """`linear(states)`, through its `generate()` copy (`set_generation_weight`) while one is set and no grad."""
-    copy = linear.__dict__.get("generation_weight")
-    if copy is None or torch.is_grad_enabled():
-        return linear(states)
-    return project_with(copy, states)
-
-
-def set_generation_weight(linear: nn.Module, on: bool, parts: int = 1) -> None:
-    """Give a linear layer its `generate()` copy of the weight (`generation_weight`), or drop it."""
-    linear.__dict__.pop("generation_weight", None)
-    copy = generation_weight((linear,), parts) if on and isinstance(linear, nn.Linear) else None
-    if copy is not None:
-        linear.__dict__["generation_weight"] = copy
-
-
 class MiniTxAttention(nn.Module):
     """Multi-head (or grouped-query) attention: self-attention, causal or not, or cross-attention.
 
     The projections are named like Hugging Face's (`q_proj`, `k_proj`, `v_proj`, `o_proj`) so PEFT and device
     maps find them. The attention itself comes from transformers' interface: `eager` is ours
-    (`attention_minitx.eager_attention_forward`), `sdpa` is torch's fused kernel.
+    (`attention_minitx.eager_attention_forward`), `sdpa` is torch's fused kernel. The paper's steps, in order:
+    project to queries, keys and values, split the heads, add positions (rotary), attend, merge the heads and
+    project the output.
     """
 
     def __init__(self, config: MiniTxConfig, layer_idx: int, is_causal: bool = False, is_cross_attention: bool = False):
@@ -223,46 +151,17 @@ class MiniTxAttention(nn.Module):
         self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else None
         self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else None
 
-    def _heads(self, projection: nn.Linear, states: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
-        """Project (batch, seq, hidden) states and split the heads; `norm` (QK-norm) acts on each head."""
-        batch, seq, _ = states.shape
-        heads = project(projection, states).contiguous()  # (batch, seq, out): unit-stride heads for the kernels
-        heads = heads.view(batch, seq, -1, self.head_dim)  # (batch, seq, heads, head_dim)
+    def _split_heads(self, projected: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
+        """(batch, seq, heads * head_dim) projections -> (batch, heads, seq, head_dim); `norm` (QK-norm) acts on each head."""
+        batch, seq, _ = projected.shape
+        heads = projected.view(batch, seq, -1, self.head_dim)  # (batch, seq, heads, head_dim)
         if norm is not None:
             heads = norm(heads)
         return heads.transpose(1, 2)  # (batch, heads, seq, head_dim)
 
-    def fuse_projections(self, fuse: bool, parts: int = 1) -> None:
-        """Give self-attention one q/k/v weight for the length of a `generate()` call (or drop it).
-
-        One matrix-vector product over the three weights reads them faster than three (decoding is bound by
-        reading the weights). The copy (`generation_weight`) is a plain attribute, never a parameter: the state
-        dict, PEFT's targets and training are untouched, and it is made only where q/k/v are plain `nn.Linear`s
-        without hooks.
-        """
-        self.__dict__.pop("fused_qkv", None)
-        set_generation_weight(self.o_proj, fuse, parts)
-        if self.is_cross_attention:  # the keys and values of the source are projected once per call
-            set_generation_weight(self.q_proj, fuse, parts)
-        elif fuse:
-            fused = generation_weight((self.q_proj, self.k_proj, self.v_proj), parts)
-            if fused is not None:
-                self.fused_qkv = fused
-
-    def _self_query_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(batch, seq, hidden) -> query (batch, heads, seq, head_dim), key and value (batch, kv_heads, seq, head_dim)."""
-        fused = self.__dict__.get("fused_qkv")
-        if fused is None or torch.is_grad_enabled():
-            return (self._heads(self.q_proj, states, self.q_norm), self._heads(self.k_proj, states, self.k_norm),
-                    self._heads(self.v_proj, states))
-        batch, seq, _ = states.shape
-        sizes = (self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features)
-        projected = project_with(fused, states).contiguous()  # (batch, seq, out): attention reads unit-stride heads
-        projected = projected.split(sizes, dim=-1)  # q, k, v: (batch, seq, out)
-        query, key, value = (x.view(batch, seq, -1, self.head_dim) for x in projected)  # (batch, seq, heads, head_dim)
-        if self.q_norm is not None:
-            query, key = self.q_norm(query), self.k_norm(key)
-        return query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (batch, heads, seq, head_dim)
+    def _heads(self, projection: nn.Linear, states: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
+        """Project (batch, seq, hidden) states and split the heads: (batch, heads, seq, head_dim)."""
+        return self._split_heads(project(projection, states).contiguous(), norm)  # unit-stride heads for the kernels
 
     def forward(
         self,
@@ -281,7 +180,9 @@ class MiniTxAttention(nn.Module):
             query = self._heads(self.q_proj, hidden_states, self.q_norm)  # (batch, heads, q_len, head_dim)
             key, value = self._cross_key_value(key_value_states, cache)
         else:
-            query, key, value = self._self_query_key_value(hidden_states)  # key, value: (batch, kv_heads, q_len, head_dim)
+            query, key, value = project_query_key_value(self, hidden_states)  # each (batch, q_len, heads * head_dim)
+            query, key = self._split_heads(query, self.q_norm), self._split_heads(key, self.k_norm)
+            value = self._split_heads(value)  # query (batch, heads, q_len, head_dim), key and value with kv_heads
             if position_embeddings is not None:
                 cos, sin = position_embeddings
                 query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
@@ -330,12 +231,6 @@ class MiniTxMLP(nn.Module):
         self.fc2.residual_output = True  # writes into the residual stream (see config.zero_init_projections)
         self.act = activation.fn
         self.gated = activation.gated
-
-    def fuse_projections(self, fuse: bool, parts: int = 1) -> None:
-        """Give fc1, gate_proj and fc2 their `generate()` weights (`set_generation_weight`), or drop them."""
-        for linear in (self.fc1, getattr(self, "gate_proj", None), self.fc2):
-            if linear is not None:
-                set_generation_weight(linear, fuse, parts)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """(batch, seq, hidden) -> (batch, seq, hidden)."""
@@ -428,4 +323,4 @@ class MiniTxDecoderLayer(MiniTxLayerBase):
         return hidden_states, self_weights, cross_weights
 
 
-__all__ = ["GenerationWeight", "generation_weight", "project_with", "project", "set_generation_weight", "NORMS", "ACTIVATIONS", "MiniTxRMSNorm", "make_norm", "relu_squared", "MiniTxAttention", "MiniTxMLP", "MiniTxEncoderLayer", "MiniTxDecoderLayer"]
+__all__ = ["NORMS", "ACTIVATIONS", "MiniTxRMSNorm", "make_norm", "relu_squared", "MiniTxAttention", "MiniTxMLP", "MiniTxEncoderLayer", "MiniTxDecoderLayer"]

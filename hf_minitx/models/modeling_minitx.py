@@ -6,12 +6,13 @@
 """
 
 import math
+from functools import partial
 
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
@@ -23,16 +24,16 @@ from transformers.utils import logging
 
 from .attention_minitx import cross_attention_mask, self_attention_mask
 from .configuration_minitx import IGNORE_INDEX, MiniTxConfig
-from .layers_minitx import (
-    MiniTxAttention,
-    MiniTxDecoderLayer,
-    MiniTxEncoderLayer,
-    MiniTxMLP,
-    MiniTxRMSNorm,
-    make_norm,
+from .decoding_minitx import (
+    CACHE_NAME,
+    cache_argument,
+    decode_step_inputs,
+    decode_step_padding,
+    generate_in_decode_layout,
     project,
-    set_generation_weight,
+    remember_padding,
 )
+from .layers_minitx import MiniTxDecoderLayer, MiniTxEncoderLayer, MiniTxRMSNorm, make_norm
 from .positions_minitx import (
     POSITION_ENCODINGS,
     MiniTxPositionalEmbedding,
@@ -49,20 +50,6 @@ AUTO_MAP = {
 }
 
 logger = logging.get_logger(__name__)
-
-# The key/value cache's name in transformers' outputs and in generate()'s model inputs: `cache` from transformers
-# 5.24 on, `past_key_values` before. The models take either name (`cache_argument`) and return it under this one.
-CACHE_NAME = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
-
-
-def cache_argument(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:
-    """The cache a caller passed as `cache` or, by its name before transformers 5.24, as `past_key_values`."""
-    if past_key_values is None:
-        return cache
-    if cache is not None:
-        raise ValueError("Pass the cache once: as `cache` or as `past_key_values` (its former name), not both.")
-    return past_key_values
-
 
 def resolve_output_flags(
     config: MiniTxConfig, output_attentions: bool | None, output_hidden_states: bool | None, return_dict: bool | None
@@ -332,87 +319,6 @@ class MiniTxStack(nn.Module):
             )
 
 
-def decode_step_padding(cache: Cache | None, inputs: torch.Tensor | None) -> tuple[bool, bool] | None:
-    """On a decode step, the padding flags `remember_padding` stored at the prompt's call; else None.
-
-    A decode step is one new position (`inputs`: ids (batch, 1) or embeddings (batch, 1, hidden)) on a dynamic cache
-    that `generate()` drives and that already holds positions: every token after the first. Its mask is the
-    prompt's mask extended with ones, so the prompt's checks and padding flags still hold and nothing is read back
-    from the tensors. Calls outside `generate()`, and torch.compile (static cache), are checked as always.
-    """
-    if cache is None or inputs is None or inputs.dim() not in (2, 3) or inputs.shape[1] != 1:
-        return None
-    flags = getattr(cache, "_minitx_padding", None)
-    if flags is None or torch.compiler.is_compiling() or cache.is_compileable or cache.get_seq_length() == 0:
-        return None
-    return flags
-
-
-def remember_padding(cache: Cache | None, has_padding: bool | None, cross_padding: bool) -> None:
-    """Store on a cache `generate()` drives whether the self-attention and encoder masks pad, for the decode steps."""
-    if getattr(cache, "_minitx_generating", False) and not torch.compiler.is_compiling():
-        cache._minitx_padding = (has_padding, cross_padding)
-
-
-def forget_generation(cache: Cache | None) -> None:
-    """After `generate()`: a cache handed back to the caller is checked again on its next call."""
-    caches = (cache.self_attention_cache,) if isinstance(cache, EncoderDecoderCache) else (cache,)
-    for one in caches:
-        for name in ("_minitx_generating", "_minitx_padding"):
-            if one is not None and name in vars(one):
-                delattr(one, name)
-
-
-class MiniTxGrowingLayer(DynamicLayer):
-    """A dynamic cache layer that writes each step's keys and values in place into room kept ahead.
-
-    `DynamicLayer` concatenates the whole cache on every update: each decoded token copies every cached key and
-    value (O(length) per step). This layer keeps (batch, kv_heads, capacity, head_dim) buffers, doubles them when
-    full and writes the new positions into them; `keys` and `values` are views of the filled part, so everything
-    `DynamicLayer` does with them (beam reordering, cropping, batch selection) works as before: where such an
-    operation replaced the views, the next update starts new buffers from them.
-    """
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append (batch, kv_heads, new, head_dim) keys and values; return all of them, (batch, kv_heads, len, head_dim)."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        length, new = self.get_seq_length(), key_states.shape[-2]
-        room = self.__dict__.get("_room")
-        if room is None or not self._views_of(room, length) or length + new > room[0].shape[-2]:
-            room = tuple(self._grown(old, fresh, length + new) for old, fresh in
-                         ((self.keys, key_states), (self.values, value_states)))
-            self._room = room
-        room[0][:, :, length:length + new] = key_states
-        room[1][:, :, length:length + new] = value_states
-        self.keys, self.values = room[0][:, :, :length + new], room[1][:, :, :length + new]  # (batch, heads, len, dim)
-        return self.keys, self.values
-
-    def _views_of(self, room: tuple[torch.Tensor, torch.Tensor], length: int) -> bool:
-        """Whether `keys` and `values` are still the first `length` positions of the buffers."""
-        return length > 0 and all(
-            view.data_ptr() == buffer.data_ptr() and view.shape[:2] == buffer.shape[:2] and view.stride() == buffer.stride()
-            for view, buffer in zip((self.keys, self.values), room, strict=True))
-
-    @staticmethod
-    def _grown(old: torch.Tensor, fresh: torch.Tensor, needed: int) -> torch.Tensor:
-        """A (batch, heads, 2 * needed, head_dim) buffer holding `old`'s positions (none if it is empty)."""
-        batch, heads, _, dim = fresh.shape
-        buffer = fresh.new_empty(batch, heads, 2 * needed, dim)  # (batch, heads, capacity, head_dim)
-        if old.numel():
-            buffer[:, :, :old.shape[-2]] = old
-        return buffer
-
-
-def grow_in_place(cache: DynamicCache) -> None:
-    """Swap the empty plain `DynamicLayer`s of a dynamic cache for `MiniTxGrowingLayer`s (same contract)."""
-    for index, layer in enumerate(cache.layers):
-        if type(layer) is DynamicLayer and not layer.is_initialized:
-            cache.layers[index] = MiniTxGrowingLayer()
-
-
 def positions_from_mask(
     attention_mask: torch.Tensor | None, q_len: int, past_len: int | torch.Tensor, device: torch.device
 ) -> torch.LongTensor:
@@ -542,55 +448,16 @@ class MiniTxLMHeadMixin:
     def generate(self, *args, **kwargs):
         """transformers' `generate()`, after checking `num_beams` (0 beams otherwise fails deep inside it).
 
-        The dynamic cache it drives remembers the prompt's padding for the decode steps (`decode_step_padding`);
-        the cache leaves `generate()` without that memory, so later calls on it are checked as any other call.
-        Meanwhile the decoder reads its weights in the decode layout (`fuse_projections`), and the dynamic cache
-        `generate()` makes grows in place (`MiniTxGrowingLayer`, set up in `prepare_inputs_for_generation`).
+        It runs in the decode layout (`decoding_minitx.generate_in_decode_layout`): the decoder reads its weights
+        as decoding reads them fastest, the dynamic cache grows in place and remembers the prompt's padding for
+        the decode steps; none of it outlives the call.
         """
         config = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None) or self.generation_config
         beams = kwargs.get("num_beams", getattr(config, "num_beams", None))
         if beams is not None and (not isinstance(beams, int) or isinstance(beams, bool) or beams < 1):
             raise ValueError(f"generate(num_beams={beams!r}): num_beams must be an integer >= 1 "
                              "(1 = greedy or sampling, more = beam search).")
-        self.fuse_projections(self.decodes_long_enough(config, kwargs), self.weight_parts(config, kwargs))
-        try:
-            out = super().generate(*args, **kwargs)
-        finally:
-            self.fuse_projections(False)
-            forget_generation(kwargs.get("cache", kwargs.get("past_key_values")))  # a cache the caller passed in
-        forget_generation(getattr(out, CACHE_NAME, None))  # or the one handed back
-        return out
-
-    # Below this many new tokens a `generate()` call reads the weights as stored: copying them into the decode
-    # layout costs about what 10 to 15 decode steps save (measured at the benchmark's shape on a 2-core CPU).
-    decode_layout_min_new_tokens = 16
-
-    def decodes_long_enough(self, config, kwargs: dict) -> bool:
-        """Whether a `generate()` call asks for enough new tokens (`max_new_tokens`) to repay the decode layout."""
-        new_tokens = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
-        return new_tokens is None or new_tokens >= self.decode_layout_min_new_tokens
-
-    @staticmethod
-    def weight_parts(config, kwargs: dict) -> int:
-        """Parts of the single-row weight copies (`generation_weight`): one per CPU thread, or 1 for a call with
-        a static cache (asked for, or passed in), which `generate()` may compile (torch.compile turns the batched
-        product of the parts into its own loop, slower than BLAS's single product)."""
-        cache_implementation = kwargs.get("cache_implementation", getattr(config, "cache_implementation", None))
-        given = cache_argument(kwargs.get("cache"), kwargs.get("past_key_values"))
-        static = cache_implementation not in (None, "dynamic") or (isinstance(given, Cache) and given.is_compileable)
-        return 1 if static else max(1, torch.get_num_threads())
-
-    def fuse_projections(self, fuse: bool, parts: int = 1) -> None:
-        """For the length of a `generate()` call, the decoder's weights as decoding reads them fastest (or back).
-
-        Every self-attention gets one q/k/v weight, and the decoder's other linear layers and the head a copy in
-        the layout of `generation_weight` (single-row copies in `parts`); the encoder (run once per call) keeps
-        its own.
-        """
-        for module in self.model.decoder.modules():
-            if isinstance(module, (MiniTxAttention, MiniTxMLP)):
-                module.fuse_projections(fuse, parts)
-        set_generation_weight(self.lm_head, fuse, parts)
+        return generate_in_decode_layout(self, partial(super().generate, *args, **kwargs), config, kwargs)
 
     def prepare_inputs_for_generation(
         self,
@@ -603,39 +470,20 @@ class MiniTxLMHeadMixin:
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> dict:
-        """transformers' input preparation; on a decode step with a dynamic cache, only what changes.
+        """transformers' input preparation; on a decode step with a dynamic cache, only what changes
+        (`decoding_minitx.decode_step_inputs`).
 
-        Marks the dynamic cache as driven by `generate()` (so the forward remembers the prompt's padding for
-        the decode steps) and, while it is empty, gives it layers that grow in place (`grow_in_place`). A decode step gets the last token (batch, 1), the cache, the masks as they are and
-        every other keyword argument: the generic preparation would also inspect `forward`'s signature on every
-        token (custom code) and copy the ids. The cache comes as `cache` or, before transformers 5.24, as
-        `past_key_values`, and goes on under the installed version's name (`CACHE_NAME`).
+        The cache comes as `cache` or, before transformers 5.24, as `past_key_values`, and goes on under the
+        installed version's name (`CACHE_NAME`).
         """
         cache = cache_argument(cache, past_key_values)
-        self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-        dynamic = isinstance(self_cache, Cache) and not self_cache.is_compileable
-        if dynamic:
-            self_cache._minitx_generating = True
-            if self_cache.get_seq_length() == 0 and isinstance(self_cache, DynamicCache):
-                grow_in_place(self_cache)
-        if not (dynamic and next_sequence_length == 1 and not is_first_iteration
-                and input_ids.device == self.lm_head.weight.device):
-            return super().prepare_inputs_for_generation(
-                input_ids, next_sequence_length, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-                is_first_iteration=is_first_iteration, **{CACHE_NAME: cache}, **kwargs)
-        prefix = "decoder_" if self.config.is_encoder_decoder else ""
-        inputs = {f"{prefix}input_ids": input_ids[:, -1:], CACHE_NAME: cache}  # (batch, 1)
-        position_ids = kwargs.pop(f"{prefix}position_ids", None)
-        if position_ids is not None:
-            inputs[f"{prefix}position_ids"] = position_ids[..., -1:]
-        if prefix and kwargs.get("decoder_attention_mask") is not None:
-            inputs["decoder_attention_mask"] = kwargs.pop("decoder_attention_mask")
-        if attention_mask is not None:
-            inputs["attention_mask"] = attention_mask  # the decoder-only mask, or the seq2seq source mask
-        for key, value in kwargs.items():
-            if key not in ("labels", "next_sequence_length", "decoder_attention_mask") and key not in inputs:
-                inputs[key] = value
-        return inputs
+        lean = (next_sequence_length == 1 and not is_first_iteration and input_ids.device == self.lm_head.weight.device)
+        inputs = decode_step_inputs(cache, input_ids, lean, self.config.is_encoder_decoder, attention_mask, kwargs)
+        if inputs is not None:
+            return inputs
+        return super().prepare_inputs_for_generation(
+            input_ids, next_sequence_length, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+            is_first_iteration=is_first_iteration, **{CACHE_NAME: cache}, **kwargs)
 
     def lm_loss(self, logits: torch.Tensor, targets: torch.Tensor, aligned: bool, name: str, **kwargs) -> torch.Tensor:
         """Mean next-token cross-entropy, through transformers' `self.loss_function` (honours `num_items_in_batch`).

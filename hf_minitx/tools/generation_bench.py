@@ -18,6 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .bench_models import build, random_ids
+
 COMPILED_SUFFIX = "-compiled"
 SEQ2SEQ_NAMES = ("bart", "minitx-seq2seq")
 
@@ -34,8 +36,6 @@ def compile_config(backend: str = "inductor"):
 
 def generation_inputs(name: str, shape, batch: int, device: str) -> dict[str, torch.Tensor]:
     """The prompt (decoder-only) or source (seq2seq) of a generation step: (batch, length) ids and mask."""
-    from .benchmark import random_ids
-
     gen = torch.Generator().manual_seed(2)
     length = shape.seq2seq_len if name.removesuffix(COMPILED_SUFFIX) in SEQ2SEQ_NAMES else shape.prompt_len
     ids = random_ids(batch, length, shape.vocab_size, gen, device)
@@ -50,8 +50,6 @@ def generation_step(name: str, shape, batch: int, device: str = "cpu",
     them with "-compiled": static cache + torch.compile with `backend`. For a compiled step the first call
     (compilation included) runs here; the compile time is that call minus a steady call.
     """
-    from .benchmark import build
-
     base = name.removesuffix(COMPILED_SUFFIX)
     model: nn.Module = build(base, shape).to(device).eval()
     inputs = generation_inputs(name, shape, batch, device)

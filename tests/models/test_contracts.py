@@ -1,6 +1,6 @@
 """The model contracts transformers' common tests check, written for MiniTx (both kinds, headless and heads).
 
-Each test names the contract it holds; the list is in the README's models section and in issue 12.
+Each test names the contract it holds; the list is in docs/models.md and in issue 12.
 """
 
 import inspect

@@ -10,9 +10,14 @@ from conftest import DECODE_LAYOUT_MIN_NEW_TOKENS, random_ids, tiny_causal, tiny
 from transformers import GenerationMixin
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache, StaticCache
 
-from hf_minitx.models import modeling_minitx
-from hf_minitx.models.layers_minitx import project, project_with
-from hf_minitx.models.modeling_minitx import CACHE_NAME, MiniTxGrowingLayer, MiniTxLMHeadMixin
+from hf_minitx.models import decoding_minitx, modeling_minitx
+from hf_minitx.models.decoding_minitx import (
+    CACHE_NAME,
+    MiniTxGrowingLayer,
+    project,
+    project_with,
+    set_decode_layout,
+)
 from hf_minitx.tools.generation_bench import compile_config
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=2)
@@ -134,7 +139,7 @@ def test_inductor_compiled_static_cache_gives_dynamic_tokens_with_one_decode_gra
 
 
 def test_one_static_cache_serves_prompts_of_any_length_with_one_compiled_graph():
-    """The README's recipe for a long session: one StaticCache of fixed size, reset before each generate()."""
+    """docs/generation.md's recipe for a long session: one StaticCache of fixed size, reset before each generate()."""
     from torch._dynamo.utils import counters
     from transformers import StaticCache
 
@@ -178,8 +183,8 @@ def test_qkv_fusion_lasts_one_generate_call_and_leaves_weights_and_hooks_alone(b
 @pytest.mark.parametrize("build", BUILDERS, ids=KIND_IDS)
 def test_a_short_generate_call_reads_the_weights_as_stored(build, monkeypatch):
     """Copying the weights into the decode layout costs about what 10-15 decode steps save: a call asking for
-    fewer new tokens than `decode_layout_min_new_tokens` makes no copy, one asking for more does, same tokens."""
-    monkeypatch.setattr(MiniTxLMHeadMixin, "decode_layout_min_new_tokens", DECODE_LAYOUT_MIN_NEW_TOKENS)
+    fewer new tokens than `DECODE_LAYOUT_MIN_NEW_TOKENS` makes no copy, one asking for more does, same tokens."""
+    monkeypatch.setattr(decoding_minitx, "DECODE_LAYOUT_MIN_NEW_TOKENS", DECODE_LAYOUT_MIN_NEW_TOKENS)
     model = build()
     seen = []  # whether the head has its decode copy, at every decoder forward (a hooked linear gets none)
     model.model.decoder.register_forward_hook(lambda *_: seen.append("generation_weight" in vars(model.lm_head)))
@@ -226,7 +231,7 @@ def test_generation_weights_compute_the_linear_maps_in_the_layout_decoding_reads
     """Wide weights (out >= in) get (parts, in, out / parts) copies on a CPU for single rows, narrow ones are read
     as stored; several rows read the stored weight; same outputs either way."""
     model = tiny_causal()
-    model.fuse_projections(True, parts)
+    set_decode_layout(model, True, parts)
     try:
         attention, mlp = model.model.decoder.layers[0].self_attn, model.model.decoder.layers[0].mlp
         states = torch.randn(3, 2, model.config.hidden_size)
@@ -250,7 +255,7 @@ def test_generation_weights_compute_the_linear_maps_in_the_layout_decoding_reads
         project(mlp.fc1, states)  # with grad (training): the module itself, hooks and all
         assert calls == [1]
     finally:
-        model.fuse_projections(False)
+        set_decode_layout(model, False)
 
 
 def random_heads(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

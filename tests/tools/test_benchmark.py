@@ -5,6 +5,7 @@ No timing assertions: speed is only ever judged by running scripts/benchmark.py 
 
 import json
 import math
+import re
 import statistics
 
 import pytest
@@ -38,8 +39,9 @@ def test_json_has_every_workload_and_implementation(tiny_run):
     assert set(result["memory"]) == set(benchmark.MEMORY_IMPLEMENTATIONS)
     assert "skipped" in result["mfu"]  # CPU run: MFU is CUDA-only
     machine = result["machine"]
-    for key in ("cpu", "load_average", "torch", "transformers", "torch_threads"):
+    for key in ("cpu", "load_average", "load_average_end", "torch", "transformers", "hf_minitx", "torch_threads"):
         assert key in machine
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", machine["date"])
     assert machine["torch_threads"] == 1
     assert result["shape"]["hidden"] == 32 and result["shape"]["new_tokens"] == 6
 

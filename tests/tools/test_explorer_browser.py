@@ -1,7 +1,7 @@
 """The explorer page in a real browser: Debian's headless Chromium, driven by Selenium through the system's
 chromedriver (nothing is downloaded). A click on a token changes the highlighted attention to that token's
 row, the checkpoint slider redraws attention and top-k with that checkpoint's numbers, and the console stays
-free of errors. A screenshot is saved (README's "See inside" shows one).
+free of errors. A screenshot is saved (README.md and docs/see-inside.md show one).
 
 By default the page is made from the demo's KJV run (its recipe, tokenizer and corpus) trained here for 12
 steps with 3 checkpoints; without the KJV corpus (the `demo` extra), from a tiny made-up run.

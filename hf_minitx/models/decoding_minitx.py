@@ -1,0 +1,343 @@
+"""Fast decoding on a CPU: how `generate()` reads the weights, remembers the prompt's checks and grows the cache.
+
+None of this is the architecture (that is `layers_minitx.py` and `modeling_minitx.py`); it changes how fast
+tokens come out, never which tokens. The models reach it from `generate()` (`generate_in_decode_layout`), its
+input preparation (`decode_step_inputs`) and three hooks on the forward path: `project` for each linear map,
+`project_query_key_value` for self-attention's q/k/v, and the remembered padding of a decode step.
+
+- The decode layout: for the length of a `generate()` call, each decoder weight gets a copy in the layout that
+  single-row products read fastest, and self-attention one q/k/v weight (`set_decode_layout`).
+- The remembered padding: a decode step reuses the prompt's input checks instead of reading tensors back.
+- The growing cache: each step writes its keys and values in place instead of concatenating the whole cache.
+"""
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+# The key/value cache's name in transformers' outputs and in generate()'s model inputs: `cache` from transformers
+# 5.24 on, `past_key_values` before. The models take either name (`cache_argument`) and return it under this one.
+CACHE_NAME = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+# Below this many new tokens a `generate()` call reads the weights as stored: copying them into the decode
+# layout costs about what 10 to 15 decode steps save (measured at the benchmark's shape on a 2-core CPU).
+DECODE_LAYOUT_MIN_NEW_TOKENS = 16
+
+
+def cache_argument(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:
+    """The cache a caller passed as `cache` or, by its name before transformers 5.24, as `past_key_values`."""
+    if past_key_values is None:
+        return cache
+    if cache is not None:
+        raise ValueError("Pass the cache once: as `cache` or as `past_key_values` (its former name), not both.")
+    return past_key_values
+
+
+# --- the decode layout of the weights ---------------------------------------------------------------------
+
+
+class GenerationWeight(NamedTuple):
+    """A linear layer's weight as `generate()` reads it: `weight` (out, in) as stored (or fused), and on a CPU
+    `by_input`, a (parts, in, out / parts) copy of a wide weight for single-row products."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    by_input: torch.Tensor | None
+
+
+def generation_weight(linears: tuple[nn.Linear, ...], parts: int = 1) -> GenerationWeight | None:
+    """One weight for `linears` (their outputs concatenated), laid out for the products of decoding.
+
+    On a CPU a weight with at least as many outputs as inputs also gets a copy for one row at a time (batch 1):
+    (in, out) split by outputs into `parts` (one per thread; 1 when `out` does not divide), (parts, in,
+    out / parts). The matrix-vector product then streams rows of outputs instead of taking one short dot product
+    per output, and a batched product gives each thread its own part (BLAS runs a single matrix-vector product
+    on one thread): about 1.6x faster than the stored layout over the benchmark's weights on 2 cores, same
+    values. A single weight is otherwise not copied. None where a linear is not a plain `nn.Linear` without
+    hooks (PEFT, accelerate): those keep their own call.
+    """
+    if any(type(p) is not nn.Linear or p._forward_hooks or p._forward_pre_hooks for p in linears):
+        return None
+    weights = [p.weight.detach() for p in linears]
+    weight = torch.cat(weights) if len(weights) > 1 else weights[0]  # (out, in)
+    bias = None
+    if linears[0].bias is not None:
+        bias = torch.cat([p.bias.detach() for p in linears]) if len(linears) > 1 else linears[0].bias.detach()
+    by_input = None
+    if weight.device.type == "cpu" and weight.shape[0] >= weight.shape[1]:
+        parts = parts if parts > 1 and weight.shape[0] % parts == 0 else 1
+        by_input = weight.t().reshape(weight.shape[1], parts, -1).transpose(0, 1).contiguous()  # (parts, in, out/parts)
+    return GenerationWeight(weight, bias, by_input)
+
+
+def project_with(copy: GenerationWeight, states: torch.Tensor) -> torch.Tensor:
+    """(..., in) -> (..., out): the linear map of a `GenerationWeight`, with its bias.
+
+    On a CPU, one row goes through the split (in, out) copy where there is one, one part per thread; several
+    rows (a batch of decode steps, or a prompt) are computed as weight @ states^T, (out, in) @ (in, rows), and
+    read transposed (a caller that needs unit-stride features makes them contiguous): BLAS splits that product
+    over the weight's rows, about 2x faster than states @ weight^T for 2 to 64 rows on 2 cores (measured over
+    the benchmark's weights; still 1.3x at 256 rows).
+    """
+    if copy.weight.device.type != "cpu":
+        return nn.functional.linear(states, copy.weight, copy.bias)
+    flat = states.reshape(-1, states.shape[-1])  # (rows, in)
+    if flat.shape[0] == 1:
+        if copy.by_input is None:
+            return nn.functional.linear(states, copy.weight, copy.bias)
+        parts = copy.by_input.shape[0]
+        if parts == 1:  # one (in, out) product (and what torch.compile keeps as BLAS's, not its own loop)
+            out = flat @ copy.by_input[0] if copy.bias is None else torch.addmm(copy.bias, flat, copy.by_input[0])
+        else:
+            row = flat.expand(parts, 1, flat.shape[-1])  # (parts, 1, in)
+            bias = None if copy.bias is None else copy.bias.view(parts, 1, -1)
+            out = torch.bmm(row, copy.by_input) if bias is None else torch.baddbmm(bias, row, copy.by_input)
+            out = out.view(1, -1)  # (parts, 1, out/parts) -> (1, out): the parts in order
+    elif copy.bias is None:
+        out = (copy.weight @ flat.T).T  # (rows, out), strides (1, rows)
+    else:
+        out = torch.addmm(copy.bias.unsqueeze(-1), copy.weight, flat.T).T  # (rows, out), strides (1, rows)
+    return out.view(*states.shape[:-1], out.shape[-1])  # (..., out)
+
+
+def project(linear: nn.Module, states: torch.Tensor) -> torch.Tensor:
+    """`linear(states)`, through its `generate()` copy (`set_generation_weight`) while one is set and no grad."""
+    copy = linear.__dict__.get("generation_weight")
+    if copy is None or torch.is_grad_enabled():
+        return linear(states)
+    return project_with(copy, states)
+
+
+def set_generation_weight(linear: nn.Module, on: bool, parts: int = 1) -> None:
+    """Give a linear layer its `generate()` copy of the weight (`generation_weight`), or drop it."""
+    linear.__dict__.pop("generation_weight", None)
+    copy = generation_weight((linear,), parts) if on and isinstance(linear, nn.Linear) else None
+    if copy is not None:
+        linear.__dict__["generation_weight"] = copy
+
+
+def project_query_key_value(attention: nn.Module, states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(batch, seq, hidden) -> query, key, value projections, each (batch, seq, out) with unit-stride features.
+
+    Through the attention's fused q/k/v copy while `generate()` has set one and no grad is needed: one
+    matrix-vector product over the three weights reads them faster than three (decoding is bound by reading
+    the weights). Otherwise the three projections, each through `project`.
+    """
+    fused = attention.__dict__.get("fused_qkv")
+    if fused is None or torch.is_grad_enabled():
+        return tuple(project(linear, states).contiguous() for linear in
+                     (attention.q_proj, attention.k_proj, attention.v_proj))
+    sizes = (attention.q_proj.out_features, attention.k_proj.out_features, attention.v_proj.out_features)
+    projected = project_with(fused, states).contiguous()  # (batch, seq, out): attention reads unit-stride heads
+    return projected.split(sizes, dim=-1)  # q, k, v: (batch, seq, out)
+
+
+def fuse_attention(attention: nn.Module, fuse: bool, parts: int = 1) -> None:
+    """Give an attention layer its `generate()` weights, or drop them.
+
+    Self-attention gets one q/k/v weight (`fused_qkv`); cross-attention a copy of q_proj only (the keys and
+    values of the source are projected once per call); both a copy of o_proj. The copies are plain attributes,
+    never parameters: the state dict, PEFT's targets and training are untouched, and they are made only where
+    the projections are plain `nn.Linear`s without hooks.
+    """
+    attention.__dict__.pop("fused_qkv", None)
+    set_generation_weight(attention.o_proj, fuse, parts)
+    if attention.is_cross_attention:
+        set_generation_weight(attention.q_proj, fuse, parts)
+    elif fuse:
+        fused = generation_weight((attention.q_proj, attention.k_proj, attention.v_proj), parts)
+        if fused is not None:
+            attention.fused_qkv = fused
+
+
+def set_decode_layout(model: nn.Module, fuse: bool, parts: int = 1) -> None:
+    """For the length of a `generate()` call, the decoder's weights as decoding reads them fastest (or back).
+
+    `model` is a language model with `model.model.decoder` and `lm_head`. Every attention layer of the decoder
+    (a module with `q_proj`, `k_proj`, `v_proj`, `o_proj`, HF's names) goes through `fuse_attention`; each
+    feed-forward network (`fc1`, `gate_proj`, `fc2`) and the head get a copy in the layout of
+    `generation_weight` (single-row copies in `parts`). The encoder (run once per call) keeps its own.
+    """
+    for module in model.model.decoder.modules():
+        if all(hasattr(module, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            fuse_attention(module, fuse, parts)
+        elif hasattr(module, "fc1") and hasattr(module, "fc2"):
+            for linear in (module.fc1, getattr(module, "gate_proj", None), module.fc2):
+                if linear is not None:
+                    set_generation_weight(linear, fuse, parts)
+    set_generation_weight(model.lm_head, fuse, parts)
+
+
+# --- the remembered padding of the decode steps -------------------------------------------------------------
+
+
+def decode_step_padding(cache: Cache | None, inputs: torch.Tensor | None) -> tuple[bool, bool] | None:
+    """On a decode step, the padding flags `remember_padding` stored at the prompt's call; else None.
+
+    A decode step is one new position (`inputs`: ids (batch, 1) or embeddings (batch, 1, hidden)) on a dynamic cache
+    that `generate()` drives and that already holds positions: every token after the first. Its mask is the
+    prompt's mask extended with ones, so the prompt's checks and padding flags still hold and nothing is read back
+    from the tensors. Calls outside `generate()`, and torch.compile (static cache), are checked as always.
+    """
+    if cache is None or inputs is None or inputs.dim() not in (2, 3) or inputs.shape[1] != 1:
+        return None
+    flags = getattr(cache, "_minitx_padding", None)
+    if flags is None or torch.compiler.is_compiling() or cache.is_compileable or cache.get_seq_length() == 0:
+        return None
+    return flags
+
+
+def remember_padding(cache: Cache | None, has_padding: bool | None, cross_padding: bool) -> None:
+    """Store on a cache `generate()` drives whether the self-attention and encoder masks pad, for the decode steps."""
+    if getattr(cache, "_minitx_generating", False) and not torch.compiler.is_compiling():
+        cache._minitx_padding = (has_padding, cross_padding)
+
+
+def forget_generation(cache: Cache | None) -> None:
+    """After `generate()`: a cache handed back to the caller is checked again on its next call."""
+    caches = (cache.self_attention_cache,) if isinstance(cache, EncoderDecoderCache) else (cache,)
+    for one in caches:
+        for name in ("_minitx_generating", "_minitx_padding"):
+            if one is not None and name in vars(one):
+                delattr(one, name)
+
+
+# --- the growing cache --------------------------------------------------------------------------------------
+
+
+class MiniTxGrowingLayer(DynamicLayer):
+    """A dynamic cache layer that writes each step's keys and values in place into room kept ahead.
+
+    `DynamicLayer` concatenates the whole cache on every update: each decoded token copies every cached key and
+    value (O(length) per step). This layer keeps (batch, kv_heads, capacity, head_dim) buffers, doubles them when
+    full and writes the new positions into them; `keys` and `values` are views of the filled part, so everything
+    `DynamicLayer` does with them (beam reordering, cropping, batch selection) works as before: where such an
+    operation replaced the views, the next update starts new buffers from them.
+    """
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append (batch, kv_heads, new, head_dim) keys and values; return all of them, (batch, kv_heads, len, head_dim)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length, new = self.get_seq_length(), key_states.shape[-2]
+        room = self.__dict__.get("_room")
+        if room is None or not self._views_of(room, length) or length + new > room[0].shape[-2]:
+            room = tuple(self._grown(old, fresh, length + new) for old, fresh in
+                         ((self.keys, key_states), (self.values, value_states)))
+            self._room = room
+        room[0][:, :, length:length + new] = key_states
+        room[1][:, :, length:length + new] = value_states
+        self.keys, self.values = room[0][:, :, :length + new], room[1][:, :, :length + new]  # (batch, heads, len, dim)
+        return self.keys, self.values
+
+    def _views_of(self, room: tuple[torch.Tensor, torch.Tensor], length: int) -> bool:
+        """Whether `keys` and `values` are still the first `length` positions of the buffers."""
+        return length > 0 and all(
+            view.data_ptr() == buffer.data_ptr() and view.shape[:2] == buffer.shape[:2] and view.stride() == buffer.stride()
+            for view, buffer in zip((self.keys, self.values), room, strict=True))
+
+    @staticmethod
+    def _grown(old: torch.Tensor, fresh: torch.Tensor, needed: int) -> torch.Tensor:
+        """A (batch, heads, 2 * needed, head_dim) buffer holding `old`'s positions (none if it is empty)."""
+        batch, heads, _, dim = fresh.shape
+        buffer = fresh.new_empty(batch, heads, 2 * needed, dim)  # (batch, heads, capacity, head_dim)
+        if old.numel():
+            buffer[:, :, :old.shape[-2]] = old
+        return buffer
+
+
+def grow_in_place(cache: DynamicCache) -> None:
+    """Swap the empty plain `DynamicLayer`s of a dynamic cache for `MiniTxGrowingLayer`s (same contract)."""
+    for index, layer in enumerate(cache.layers):
+        if type(layer) is DynamicLayer and not layer.is_initialized:
+            cache.layers[index] = MiniTxGrowingLayer()
+
+
+# --- generate(): when to use all of the above ---------------------------------------------------------------
+
+
+def decodes_long_enough(config, kwargs: dict) -> bool:
+    """Whether a `generate()` call asks for enough new tokens (`max_new_tokens`) to repay the decode layout."""
+    new_tokens = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
+    return new_tokens is None or new_tokens >= DECODE_LAYOUT_MIN_NEW_TOKENS
+
+
+def weight_parts(config, kwargs: dict) -> int:
+    """Parts of the single-row weight copies (`generation_weight`): one per CPU thread, or 1 for a call with
+    a static cache (asked for, or passed in), which `generate()` may compile (torch.compile turns the batched
+    product of the parts into its own loop, slower than BLAS's single product)."""
+    cache_implementation = kwargs.get("cache_implementation", getattr(config, "cache_implementation", None))
+    given = cache_argument(kwargs.get("cache"), kwargs.get("past_key_values"))
+    static = cache_implementation not in (None, "dynamic") or (isinstance(given, Cache) and given.is_compileable)
+    return 1 if static else max(1, torch.get_num_threads())
+
+
+def generate_in_decode_layout(model: nn.Module, generate: Callable[[], object], config, kwargs: dict) -> object:
+    """Run `generate()` (the `generate` callable, called with no argument) in the decode layout, then undo it.
+
+    The weights take the decode layout (`set_decode_layout`) for calls long enough to repay it
+    (`decodes_long_enough`); afterwards the copies are dropped, and a cache passed in or handed back forgets
+    the remembered padding (`forget_generation`), so later calls on it are checked as any other call.
+    `config` is the call's generation config and `kwargs` its keyword arguments.
+    """
+    set_decode_layout(model, decodes_long_enough(config, kwargs), weight_parts(config, kwargs))
+    try:
+        out = generate()
+    finally:
+        set_decode_layout(model, False)
+        forget_generation(kwargs.get("cache", kwargs.get("past_key_values")))  # a cache the caller passed in
+    forget_generation(getattr(out, CACHE_NAME, None))  # or the one handed back
+    return out
+
+
+def decode_step_inputs(
+    cache: Cache | None,
+    input_ids: torch.LongTensor,
+    lean: bool,
+    is_encoder_decoder: bool,
+    attention_mask: torch.Tensor | None,
+    kwargs: dict,
+) -> dict | None:
+    """The model inputs of a decode step with a dynamic cache, or None where transformers' own preparation applies.
+
+    Marks a dynamic cache as driven by `generate()` (so the forward remembers the prompt's padding for the
+    decode steps) and, while it is empty, gives it layers that grow in place (`grow_in_place`). When `lean`
+    (one new token after the first iteration, ids on the model's device), a decode step gets the last token
+    (batch, 1), the cache, the masks as they are and every other keyword argument of `kwargs`: the generic
+    preparation would also inspect `forward`'s signature on every token (custom code) and copy the ids.
+    """
+    self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+    dynamic = isinstance(self_cache, Cache) and not self_cache.is_compileable
+    if dynamic:
+        self_cache._minitx_generating = True
+        if self_cache.get_seq_length() == 0 and isinstance(self_cache, DynamicCache):
+            grow_in_place(self_cache)
+    if not (dynamic and lean):
+        return None
+    prefix = "decoder_" if is_encoder_decoder else ""
+    inputs = {f"{prefix}input_ids": input_ids[:, -1:], CACHE_NAME: cache}  # (batch, 1)
+    position_ids = kwargs.pop(f"{prefix}position_ids", None)
+    if position_ids is not None:
+        inputs[f"{prefix}position_ids"] = position_ids[..., -1:]
+    if prefix and kwargs.get("decoder_attention_mask") is not None:
+        inputs["decoder_attention_mask"] = kwargs.pop("decoder_attention_mask")
+    if attention_mask is not None:
+        inputs["attention_mask"] = attention_mask  # the decoder-only mask, or the seq2seq source mask
+    for key, value in kwargs.items():
+        if key not in ("labels", "next_sequence_length", "decoder_attention_mask") and key not in inputs:
+            inputs[key] = value
+    return inputs
+
+
+__all__ = [
+    "CACHE_NAME", "DECODE_LAYOUT_MIN_NEW_TOKENS", "GenerationWeight", "MiniTxGrowingLayer", "cache_argument",
+    "decode_step_inputs", "decode_step_padding", "forget_generation", "generate_in_decode_layout",
+    "generation_weight", "grow_in_place", "project", "project_query_key_value", "project_with",
+    "remember_padding", "set_decode_layout", "set_generation_weight",
+]

@@ -1,0 +1,186 @@
+"""`minitx benchmark-report`: the Performance page's tables and the README's headline table, from benchmark JSON.
+
+Figures are produced, not typed: `minitx benchmark --json FILE` writes every figure with the machine, the
+versions, the date and the load average, and this command rewrites the marked parts of `docs/performance.md`
+and `README.md` from that file. Each marked part lies between two comments,
+
+    <!-- minitx benchmark-report: NAME begin -->
+    ...
+    <!-- minitx benchmark-report: NAME end -->
+
+(NAME is `tables` in the page, `headline` in the README); the prose around them is left as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .benchmark import format_table
+from .data_prep_bench import format_data_prep
+
+PAGE_BLOCK = "tables"
+HEADLINE_BLOCK = "headline"
+# (workload, hf_minitx's implementation, what the row measures), in the headline's order
+HEADLINE_SPEED_ROWS = (
+    ("train_causal", "minitx-sdpa", "decoder-only training"),
+    ("train_seq2seq", "minitx-seq2seq", "seq2seq training"),
+    ("generate_b1", "minitx", "generation, batch 1"),
+    ("generate_b8", "minitx", "generation, batch 8"),
+    ("generate_seq2seq", "minitx-seq2seq", "seq2seq generation, batch 1"),
+)
+REFERENCE_NAMES = {"gpt2": "GPT-2", "bart": "BART"}
+
+
+def _marker(name: str, end: str) -> str:
+    return f"<!-- minitx benchmark-report: {name} {end} -->"
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    """`text` with the part between the `name` markers replaced by `body` (markers kept)."""
+    pattern = re.compile(re.escape(_marker(name, "begin")) + r"\n.*?" + re.escape(_marker(name, "end")), re.DOTALL)
+    if len(pattern.findall(text)) != 1:
+        raise ValueError(f"expected one pair of markers {_marker(name, 'begin')} ... {_marker(name, 'end')}; "
+                         "add them where the generated part goes")
+    return pattern.sub(lambda _: f"{_marker(name, 'begin')}\n{body.strip()}\n{_marker(name, 'end')}", text)
+
+
+def _load(values: list | None) -> str:
+    return "not recorded" if not values else f"{values[0]:.1f}"
+
+
+def describe_run(result: dict) -> str:
+    """One paragraph: the command, the date, the machine, the versions and the load average of a benchmark run."""
+    machine = result["machine"]
+    hardware = machine.get("gpu") or machine["cpu"]
+    threads = machine.get("torch_threads")
+    versions = ", ".join(f"{name} {machine[name]}" for name in ("python", "torch", "transformers", "hf_minitx")
+                         if machine.get(name))
+    return (f"`{result.get('command', 'minitx benchmark')}` on {machine.get('date', 'an unrecorded date')}: "
+            f"{hardware}, {machine.get('cpu_count')} cores, device {machine.get('device')}, {threads} torch "
+            f"thread{'s' if threads != 1 else ''}; {versions}; load average {_load(machine.get('load_average'))} "
+            f"at the start, {_load(machine.get('load_average_end'))} at the end.")
+
+
+def format_shape(result: dict) -> str:
+    """The shared shape and the number of rounds, in one line."""
+    shape, settings = result["shape"], result.get("settings", {})
+    return (f"Shape: vocabulary {shape['vocab_size']}, context {shape['context']}, {shape['layers']} layers, hidden "
+            f"{shape['hidden']}, {shape['heads']} heads, feed-forward {shape['ffn_mult']}x, batch {shape['batch']}; "
+            f"seq2seq length {shape['seq2seq_len']}; generation from a {shape['prompt_len']}-token prompt for "
+            f"{shape['new_tokens']} new tokens; medians of {settings.get('rounds', '?')} rounds.")
+
+
+def _figure(values: dict, key: str, digits: int) -> str:
+    value = values.get(key)
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def format_quality_table(quality: dict) -> str:
+    """Markdown: per corpus, the wall time, both sides' bits/byte, steps and tokens/s, and the ratio ours / reference."""
+    seconds = quality["settings"]["seconds"]
+    lines = ["| corpus | seconds per side | GPT-2, nanoGPT recipe: bits/byte | steps | tokens/s | hf_minitx default: "
+             "bits/byte | steps | tokens/s | ratio (lower is better) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for corpus, figures in quality["corpora"].items():
+        cells = [f"{_figure(side, 'bits_per_byte', 3)} | {side.get('steps', '-')} | {_figure(side, 'tokens_per_second', 0)}"
+                 for side in (figures["reference"], figures["ours"])]
+        lines.append(f"| `{corpus}` | {seconds:g} | {cells[0]} | {cells[1]} | {figures['ratio']:.3f}x |")
+    return "\n".join(lines)
+
+
+def render_page(result: dict) -> str:
+    """The generated part of docs/performance.md: the run's description, then each section's table."""
+    parts = ["Measured by " + describe_run(result)]
+    if "workloads" in result:
+        parts += ["### Speed", format_shape(result), "Tokens per second (medians) and the paired ratio to the "
+                  "reference of each workload (higher is faster); peak memory of two training steps.",
+                  format_table(result)]
+    if "quality" in result:
+        parts += ["### Quality at equal wall time", "Bits per byte of the whole validation text after the same "
+                  "wall time for both sides, trained at the same time (lower is better).",
+                  format_quality_table(result["quality"])]
+    if "data_preparation" in result:
+        parts += ["### Data preparation", format_data_prep(result["data_preparation"])]
+    return "\n\n".join(parts)
+
+
+def headline_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
+    """(measure, hf_minitx, reference, ratio, command) for each headline figure the result holds."""
+    command = f"`{result.get('command', 'minitx benchmark')}`"
+    rows = []
+    quality = result.get("quality")
+    for corpus, figures in (quality or {}).get("corpora", {}).items():
+        seconds = quality["settings"]["seconds"]
+        rows.append((f"quality at equal time, `{corpus}`, {seconds:g} s (bits/byte, lower is better)",
+                     f"{figures['ours']['bits_per_byte']:.3f}", f"GPT-2 {figures['reference']['bits_per_byte']:.3f}",
+                     f"{figures['ratio']:.3f}x", f"`{quality.get('command', result.get('command'))}`"))
+    for workload, ours, measure in HEADLINE_SPEED_ROWS:
+        data = result.get("workloads", {}).get(workload)
+        if not data or ours not in data["implementations"]:
+            continue
+        reference = data["reference"]
+        mine, theirs = data["implementations"][ours], data["implementations"][reference]
+        rows.append((f"{measure} (tokens/s)", f"{mine['tokens_per_second']:,.0f}",
+                     f"{REFERENCE_NAMES.get(reference, reference)} {theirs['tokens_per_second']:,.0f}",
+                     f"{mine['ratio_vs_reference']:.2f}x", command))
+    return rows
+
+
+def render_headline(result: dict) -> str:
+    """The README's headline table, with the machine and the date under it."""
+    lines = ["| measure | hf_minitx | reference | ratio | command |", "|---|---:|---:|---:|---|"]
+    lines += ["| " + " | ".join(row) + " |" for row in headline_rows(result)]
+    return "\n".join(lines) + "\n\nMeasured by " + describe_run(result)
+
+
+@dataclass
+class ReportArguments:
+    """`minitx benchmark-report`: rewrite the generated parts of the docs from a benchmark JSON."""
+
+    json: str = field(default="docs/benchmark.json", metadata={"help": "the file `minitx benchmark --json` wrote"})
+    page: str = field(default="docs/performance.md", metadata={
+        "help": "the Performance page: its part between the 'tables' markers is rewritten"})
+    readme: str = field(default="README.md", metadata={
+        "help": "the README: its part between the 'headline' markers is rewritten"})
+
+
+def read_result(path: str | Path) -> dict:
+    """A benchmark JSON as a dict; anything else is refused with the reason and the fix."""
+    try:
+        result = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--json {path}: no such file; write it with `minitx benchmark --json {path}`") from None
+    except ValueError as error:
+        raise ValueError(f"--json {path} is not valid JSON ({error}); write it again with minitx benchmark") from None
+    if not isinstance(result, dict) or "machine" not in result:
+        raise ValueError(f"--json {path} holds no benchmark results (no 'machine'); pass a file `minitx benchmark "
+                         "--json` wrote")
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Rewrite the marked parts of the Performance page and the README from the JSON."""
+    from ..cli import parse_arguments
+
+    (args,) = parse_arguments([ReportArguments], argv, prog="minitx benchmark-report", description=(
+        "Render docs/performance.md's tables and README.md's headline table from `minitx benchmark --json`."))
+    result = read_result(args.json)
+    updates = [(Path(args.page), PAGE_BLOCK, render_page(result)),
+               (Path(args.readme), HEADLINE_BLOCK, render_headline(result))]
+    new_texts = {}
+    for path, block, body in updates:  # every file checked before any is written
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file; run from the checkout's root or pass --page / --readme")
+        try:
+            new_texts[path] = replace_block(path.read_text(encoding="utf-8"), block, body)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
+    for path, text in new_texts.items():
+        path.write_text(text, encoding="utf-8")
+        print(f"rewrote the generated part of {path} from {args.json}")
+
+
+__all__ = ["render_page", "render_headline", "headline_rows", "replace_block", "describe_run", "read_result", "main"]

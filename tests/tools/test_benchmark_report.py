@@ -1,0 +1,117 @@
+"""`minitx benchmark-report`: the Performance page's tables and the README's headline come from benchmark JSON,
+and the committed ones are exactly what the committed JSON renders to (so they cannot drift)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hf_minitx.tools import benchmark_report
+from hf_minitx.tools.benchmark import summarize
+from hf_minitx.tools.benchmark_report import (
+    HEADLINE_BLOCK,
+    PAGE_BLOCK,
+    read_result,
+    render_headline,
+    render_page,
+    replace_block,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMITTED_JSON = ROOT / "docs" / "benchmark.json"
+
+
+def results(quality: bool = True) -> dict:
+    """A small result in the shape `minitx benchmark --json` writes (implementations through `summarize`)."""
+    train = {"gpt2": [100.0, 110.0], "minitx-sdpa": [130.0, 121.0]}
+    generate = {"gpt2": [50.0, 40.0], "minitx": [60.0, 60.0]}
+    result = {
+        "machine": {"cpu": "Test CPU 9000", "cpu_count": 2, "load_average": [0.25, 0.5, 0.5], "torch_threads": 1,
+                    "device": "cpu", "python": "3.11.7", "torch": "2.13.0", "transformers": "5.24.0",
+                    "hf_minitx": "0.1.0", "platform": "Linux", "date": "2026-11-25 18:00 UTC",
+                    "load_average_end": [1.75, 1.0, 0.5]},
+        "shape": {"vocab_size": 64, "context": 16, "layers": 2, "hidden": 32, "heads": 2, "ffn_mult": 4, "batch": 2,
+                  "seq2seq_len": 8, "prompt_len": 4, "new_tokens": 6},
+        "settings": {"rounds": 2, "repeats": 1, "warmup": 0},
+        "workloads": {
+            "train_causal": {"reference": "gpt2", "implementations": summarize(train, "gpt2"),
+                             "raw_tokens_per_second": train},
+            "generate_b1": {"reference": "gpt2", "implementations": summarize(generate, "gpt2"),
+                            "raw_tokens_per_second": generate},
+        },
+        "command": "minitx benchmark --quick --no_quality",
+    }
+    if quality:
+        side = {"steps": 0, "train_seconds": 30.0, "tokens_seen": 0}
+        result["quality"] = {"settings": {"seconds": 30.0, "corpora": ["builtin:kjv"], "threads": 1},
+                             "corpora": {"builtin:kjv": {
+                                 "reference": {**side, "bits_per_byte": 2.5, "steps": 40, "tokens_per_second": 4100.0},
+                                 "ours": {**side, "bits_per_byte": 2.0, "steps": 61, "tokens_per_second": 5230.0},
+                                 "ratio": 0.8, "extra_key": "ignored"}}}
+    return result
+
+
+def test_the_headline_names_each_figure_its_reference_its_command_and_the_machine():
+    headline = render_headline(results())
+    rows = [line for line in headline.splitlines() if line.startswith("| ")][1:]
+    assert rows[0] == ("| quality at equal time, `builtin:kjv`, 30 s (bits/byte, lower is better) | 2.000 | GPT-2 2.500 "
+                       "| 0.800x | `minitx benchmark --quick --no_quality` |")
+    # medians 125.5 vs 105; the paired ratio is the median of 1.3 and 1.1
+    assert rows[1] == "| decoder-only training (tokens/s) | 126 | GPT-2 105 | 1.20x | `minitx benchmark --quick --no_quality` |"
+    assert rows[2].startswith("| generation, batch 1 (tokens/s) | 60 | GPT-2 45 | 1.35x |")
+    assert len(rows) == 3  # workloads the run left out have no row
+    for fact in ("2026-11-25 18:00 UTC", "Test CPU 9000", "2 cores", "1 torch thread;", "torch 2.13.0",
+                 "transformers 5.24.0", "hf_minitx 0.1.0", "load average 0.2 at the start, 1.8 at the end"):
+        assert fact in headline, fact
+
+
+def test_the_page_has_a_table_per_section_and_skips_the_quality_section_when_absent():
+    page = render_page(results())
+    assert page.startswith("Measured by `minitx benchmark --quick --no_quality` on 2026-11-25 18:00 UTC")
+    assert "| train_causal | minitx-sdpa | 126 | 1.20x |" in page  # the benchmark's own table
+    assert "vocabulary 64, context 16, 2 layers" in page and "medians of 2 rounds" in page
+    assert "| `builtin:kjv` | 30 | 2.500 | 40 | 4,100 | 2.000 | 61 | 5,230 | 0.800x |" in page
+    without = render_page(results(quality=False))
+    assert "### Speed" in without and "Quality" not in without and "builtin:kjv" not in without
+    quality_alone = {key: value for key, value in results().items() if key not in ("workloads", "shape")}
+    assert "### Speed" not in render_page(quality_alone) and "0.800x" in render_page(quality_alone)
+
+
+def test_replace_block_rewrites_only_between_its_markers_and_refuses_a_file_without_them():
+    text = ("intro\n<!-- minitx benchmark-report: tables begin -->\nold\ntable\n"
+            "<!-- minitx benchmark-report: tables end -->\noutro\n")
+    new = replace_block(text, "tables", "new table\n")
+    assert new == text.replace("old\ntable\n", "new table\n")
+    assert replace_block(new, "tables", "new table") == new  # rendering twice changes nothing
+    with pytest.raises(ValueError, match="headline begin"):
+        replace_block(text, "headline", "x")
+
+
+def test_the_command_rewrites_the_page_and_the_readme_and_writes_neither_when_one_lacks_markers(tmp_path):
+    data = tmp_path / "bench.json"
+    data.write_text(json.dumps(results()))
+    page, readme = tmp_path / "performance.md", tmp_path / "README.md"
+    page.write_text(f"# Performance\n<!-- minitx benchmark-report: {PAGE_BLOCK} begin -->\n"
+                    f"<!-- minitx benchmark-report: {PAGE_BLOCK} end -->\nprose\n")
+    readme.write_text("# hf_minitx\nno markers here\n")
+    paths = ["--json", str(data), "--page", str(page), "--readme", str(readme)]
+    before = page.read_text()
+    with pytest.raises(ValueError, match="README.md: expected one pair of markers"):
+        benchmark_report.main(paths)
+    assert page.read_text() == before
+    readme.write_text(f"# hf_minitx\n<!-- minitx benchmark-report: {HEADLINE_BLOCK} begin -->\nstale\n"
+                      f"<!-- minitx benchmark-report: {HEADLINE_BLOCK} end -->\n")
+    benchmark_report.main(paths)
+    assert render_page(results()) in page.read_text() and page.read_text().endswith("\nprose\n")
+    assert render_headline(results()) in readme.read_text() and "stale" not in readme.read_text()
+    with pytest.raises(ValueError, match="no benchmark results"):
+        read_result(page.with_suffix(".json").write_text("[]") and page.with_suffix(".json"))
+
+
+def test_the_committed_page_and_readme_headline_are_what_the_committed_json_renders():
+    result = read_result(COMMITTED_JSON)
+    for path, block, body in ((ROOT / "docs" / "performance.md", PAGE_BLOCK, render_page(result)),
+                              (ROOT / "README.md", HEADLINE_BLOCK, render_headline(result))):
+        text = path.read_text(encoding="utf-8")
+        assert replace_block(text, block, body) == text, (
+            f"{path.name} differs from what docs/benchmark.json renders: run `minitx benchmark-report`")
