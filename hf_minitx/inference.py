@@ -57,6 +57,17 @@ def check_loading_info(folder: Path, info: dict) -> None:
                          "edited or mixed from two runs; save the model again, or restore the config it was saved with")
 
 
+def check_finite_weights(model: torch.nn.Module, source: Path) -> None:
+    """Refuse a model with a NaN or infinite weight (a run that diverged), naming the first such tensor:
+    its logits would be NaN, and every page or sample drawn from them meaningless."""
+    for name, param in model.named_parameters():
+        bad = int((~torch.isfinite(param.detach())).sum())
+        if bad:
+            raise ValueError(f"{source} holds {bad} non-finite value(s) (NaN or inf) in {name}: the training that "
+                             "saved it diverged. Use an earlier checkpoint, or train again with a lower "
+                             "--learning_rate")
+
+
 @contextmanager
 def quiet_load_report() -> Iterator[None]:
     """Silence transformers' load report (a logged warning) and its progress bar for the duration of a load."""
@@ -102,6 +113,7 @@ def load_model_folder(
         model, info = auto.from_pretrained(folder, dtype=chosen_dtype, output_loading_info=True,
                                            ignore_mismatched_sizes=True, **extra)
     check_loading_info(folder, info)
+    check_finite_weights(model, folder / WEIGHTS_FILE)
     check_generation_config(folder)
     tokenizer = load_tokenizer(folder) if has_tokenizer else None
     return model.to(chosen_device).eval(), tokenizer

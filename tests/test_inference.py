@@ -108,6 +108,15 @@ def test_generate_command_refuses_a_broken_folder_with_one_line(broken, capsys):
     assert len(err) == 1 and err[0].startswith("error:") and "does not match" in err[0]
 
 
+def test_a_model_with_a_nan_weight_is_refused_naming_the_tensor(broken, capsys):
+    weights = load_file(broken / "model.safetensors")
+    weights["model.decoder.layers.0.mlp.fc1.weight"][3, 4] = float("inf")
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    assert minitx(["generate", "--model", str(broken), "--prompt", "the cat", "--do_sample"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "1 non-finite value(s) (NaN or inf) in model.decoder.layers.0.mlp.fc1.weight" in err[0]
+
+
 def test_dry_run_names_a_broken_folder_not_the_remote_code(broken, tmp_path, capsys):
     _edit_config(broken, num_hidden_layers=3)
     assert minitx(["push", "--model_dir", str(broken), "--dry_run", str(tmp_path / "staged")]) == 2

@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load_file
 
 from ..folders import HTML_TAG, check_output_file, html_written_by_us, write_file
-from ..inference import load_model_folder
+from ..inference import check_finite_weights, load_model_folder
 from ..model_files import read_safetensors_header
 from ..models.positions_minitx import rope_inverse_frequencies
 from ..training.checkpoints import CHECKPOINT_PREFIX, MODEL_FILES, list_checkpoints
@@ -166,6 +166,8 @@ def load_snapshot(model: Any, snapshot: Snapshot, final_state: dict[str, torch.T
         names = ", ".join((missing + unexpected)[:3])
         raise ValueError(f"{snapshot.path} does not match the model in --model ({len(missing)} missing, "
                          f"{len(unexpected)} unexpected tensors, e.g. {names}); {fix}")
+    if snapshot.path is not None:
+        check_finite_weights(model, snapshot.path)
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -338,7 +340,11 @@ def render_page(data: dict[str, Any]) -> str:
     or reshape the data block; the placeholders are filled in one pass, so a text naming one stays text.
     """
     template = resources.files("hf_minitx.tools").joinpath("explorer.html").read_text(encoding="utf-8")
-    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=True)
+    try:  # a bare NaN would make the data block invalid JSON and the page blank
+        payload = json.dumps(data, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    except ValueError:
+        raise ValueError("the model's outputs on this text hold NaN or inf values, which the page cannot show; "
+                         "check the model's weights (an earlier checkpoint may be sound)") from None
     for char in "<>&":
         payload = payload.replace(char, f"\\u{ord(char):04x}")  # only inside JSON strings: same value
     parts = {"GENERATOR": HTML_TAG, "TITLE": html.escape(f"{data['model']['name']}: {data['text'][:60]}"),

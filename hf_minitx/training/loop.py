@@ -55,7 +55,7 @@ from .checkpoints import (
     write_run_state,
 )
 from .data_order import StepIndexedBatchSampler
-from .evaluation import TextEvaluation
+from .evaluation import TextEvaluation, chance_note
 from .loss import Objective
 from .optim import build_optimizer, build_scheduler, describe_optimizer, describe_schedule
 from .outputs import LOSS_CURVE_FILE, SUMMARY_FILE, append_metrics, save_final_model, truncate_metrics
@@ -82,7 +82,7 @@ from .stream_data import save_stream_position, streaming_train_batches
 logger = logging.getLogger(__name__)
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(RuntimeError, ValueError):  # a ValueError: the CLI prints it as one line, exit 2
     """The training loss or the gradients became NaN/inf; training stopped before the optimizer step."""
 
 
@@ -264,6 +264,9 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
         "preset": model_args.preset, "seed": train_args.seed, "config_overrides": model_args.config_overrides,
         **({"bad_bytes_replaced": dict(REPLACED_BYTES)} if data_args.skip_bad_rows else {}),
     }
+    at_chance = chance_note(outcome.final_metrics, len(tokenizer))
+    if at_chance:
+        summary["warning"] = at_chance
     received = finish(run, tokenizer, summary,
                       max_new_tokens=data_args.max_target_length if not plan.objective.shift else 128,
                       push_to=train_args.hub_model_id if train_args.push_to_hub else None)
@@ -271,6 +274,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
         raise Interrupted(f"{signal.Signals(received).name} arrived during the final save, which was completed first: "
                           f"{plan.output_dir} holds the finished model of {state.step} steps (not pushed)",
                           128 + received)
+    if at_chance and run.accelerator.is_main_process:
+        print(at_chance)  # the last line, where it is seen
     return plan.output_dir
 
 
@@ -525,8 +530,9 @@ def check_finite(run: TrainingRun, step: int, loss: float, grad_norm: float) -> 
     where = f"the last good checkpoint is {last[-1]}" if last else "no checkpoint was saved"
     raise NonFiniteLossError(
         f"training stopped at step {step}: the loss is {loss} and the gradient norm {grad_norm}; the weights "
-        f"were not updated and {where}. Try a lower --learning_rate, a longer --warmup_steps, --max_grad_norm 1.0 "
-        "or --mixed_precision no, then resume with --resume_from_checkpoint latest."
+        f"were not updated and {where}. Resuming with the same settings would diverge again (a resumed run keeps "
+        "its recipe): start again with --overwrite_output_dir and a lower --learning_rate (or --muon_learning_rate), "
+        "a longer --warmup_steps, --max_grad_norm 1.0 or --mixed_precision no."
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import uuid
@@ -264,16 +265,15 @@ def check_training_arguments(train_args: TrainArguments) -> None:
         raise ValueError(f"--max_steps must be >= 1, got {train_args.max_steps}")
     if train_args.max_steps is None and train_args.num_epochs <= 0:
         raise ValueError(f"--num_epochs must be > 0 (or give --max_steps), got {train_args.num_epochs}")
-    if not train_args.learning_rate > 0:
-        raise ValueError(f"--learning_rate must be > 0, got {train_args.learning_rate}")
     for name in ("adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(train_args, name) < 1.0:
             raise ValueError(f"--{name} must be in [0, 1), got {getattr(train_args, name)}")
-    if not train_args.adam_epsilon > 0:
-        raise ValueError(f"--adam_epsilon must be > 0, got {train_args.adam_epsilon}")
-    for name in ("weight_decay", "max_grad_norm"):
-        if not getattr(train_args, name) >= 0:
-            raise ValueError(f"--{name} must be >= 0, got {getattr(train_args, name)}")
+    if not 0 < train_args.adam_epsilon < math.inf:
+        raise ValueError(f"--adam_epsilon must be > 0 and finite, got {train_args.adam_epsilon}")
+    for name in ("weight_decay", "max_grad_norm"):  # max_grad_norm inf: no clipping, like 0
+        if not getattr(train_args, name) >= 0 or (name == "weight_decay" and math.isinf(train_args.weight_decay)):
+            raise ValueError(f"--{name} must be >= 0{' and finite' if name == 'weight_decay' else ''}, got "
+                             f"{getattr(train_args, name)}")
     if not 0.0 <= train_args.label_smoothing < 1.0:
         raise ValueError(f"--label_smoothing must be in [0, 1), got {train_args.label_smoothing}")
     check_optimizer_arguments(train_args)

@@ -36,6 +36,16 @@ def _checkpoint(run: Path, step: int, model, *, safetensors: bool = False) -> Pa
     return folder
 
 
+def poison_weight(path: Path, name: str) -> None:
+    """Put one NaN into tensor ``name`` of a safetensors file."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(path))
+    assert name in weights, sorted(weights)
+    weights[name].view(-1)[0] = float("nan")
+    save_file(weights, str(path), metadata={"format": "pt"})
+
+
 @pytest.fixture
 def causal_run(tmp_path):
     """A saved tiny model (the final one, step 30) and a run folder with two earlier checkpoints and metrics."""
@@ -174,7 +184,8 @@ def test_max_checkpoints_spreads_from_first_to_last():
 
 @pytest.mark.parametrize("case", ["not-a-model", "run-without-checkpoints", "text-too-long", "seq2seq-no-target",
                                   "target-for-decoder-only", "not-html", "another-models-run", "damaged-checkpoint",
-                                  "out-under-a-file", "empty-text", "run-not-a-folder", "no-model-folder"])
+                                  "out-under-a-file", "empty-text", "run-not-a-folder", "no-model-folder",
+                                  "nan-weight", "nan-checkpoint"])
 def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, capsys):
     out = tmp_path / "out" / "page.html"
     argv = ["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]
@@ -209,6 +220,13 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
         expected = "missing-run is not a folder"
     elif case == "no-model-folder":
         argv[2], expected = str(tmp_path / "missing-model"), "is not a model folder"
+    elif case == "nan-weight":  # a run that diverged: its page would embed bare NaN (not JSON) and stay blank
+        poison_weight(causal_run / "model.safetensors", "model.decoder.layers.1.mlp.fc2.weight")
+        expected = "non-finite value(s) (NaN or inf) in model.decoder.layers.1.mlp.fc2.weight"
+    elif case == "nan-checkpoint":
+        poison_weight(causal_run / "checkpoint-20" / "model.safetensors", "model.decoder.layers.0.mlp.fc1.weight")
+        argv += ["--run", str(causal_run)]
+        expected = "checkpoint-20/model.safetensors holds 1 non-finite value(s) (NaN or inf) in model.decoder.layers.0.mlp.fc1"
     elif case == "target-for-decoder-only":
         argv += ["--target", "5 6"]
         expected = "--target is for encoder-decoder models"
