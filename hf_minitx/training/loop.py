@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from ..cli import EXIT_INTERRUPTED, Interrupted
-from ..data.corpus import REPLACED_BYTES, UndecodableText
+from ..data.corpus import REPLACED_BYTES, SKIPPED_ROWS, UndecodableText
 from ..data.streaming import PackedBlockStream
 from ..device import describe_hardware
 from ..folders import PARTIAL_SUFFIX, move_files_into, output_path, unlock_folder
@@ -262,7 +262,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
         "hub_dataset": is_hub_dataset(data_args.dataset), **run_summary(run, state, outcome),
         "evaluation": run.evaluation.coverage,
         "preset": model_args.preset, "seed": train_args.seed, "config_overrides": model_args.config_overrides,
-        **({"bad_bytes_replaced": dict(REPLACED_BYTES)} if data_args.skip_bad_rows else {}),
+        **({"bad_bytes_replaced": dict(REPLACED_BYTES), "rows_without_text_skipped": dict(SKIPPED_ROWS)}
+           if data_args.skip_bad_rows else {}),
     }
     at_chance = chance_note(outcome.final_metrics, len(tokenizer))
     if at_chance:
