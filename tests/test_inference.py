@@ -144,6 +144,27 @@ def test_generation_longer_than_the_positions_says_how_many_fit(causal_dir):
     assert len(generate(model, tokenizer, ["the cat"], max_new_tokens=32 - prompt_len, do_sample=False)) == 1
 
 
+def test_rotary_generation_past_the_trained_context_is_refused_in_the_cli_and_warned_in_python(
+        tokenizer, tmp_path, capsys, caplog):
+    torch.manual_seed(0)
+    config = MiniTxConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=64, max_position_embeddings=16, position_embedding_type="rope",
+                          pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    folder = _save(MiniTxForCausalLM(config), tokenizer, tmp_path / "rotary")
+    assert minitx(["generate", "--model", str(folder), "--prompt", "the cat", "--max_new_tokens", "100000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "max_new_tokens=100000 does not fit: the model has 16 positions (rope)" in err[0]
+    model, _ = load_model_folder(folder, device="cpu")
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_propagation()
+    with caplog.at_level(logging.WARNING):
+        assert len(generate(model, tokenizer, ["the cat"], max_new_tokens=20, do_sample=False)) == 1
+    assert "will exceed the model's predefined maximum length (16" in caplog.text
+
+
 def test_seq2seq_generation_longer_than_the_decoder_positions_is_refused(tokenizer, tmp_path):
     config = MiniTxConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                           intermediate_size=64, max_position_embeddings=16, is_encoder_decoder=True,
