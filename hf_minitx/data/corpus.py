@@ -408,8 +408,8 @@ def _read_once(dataset: str, files: list[str]) -> list[str]:
 @functools.cache
 def _note_repeats(dataset: str, repeats: int) -> None:
     """Say once per --dataset that repeated files are read once."""
-    logger.warning("note: --dataset %r lists %d file(s) more than once (directly or through a glob); each file "
-                   "is read once", dataset, repeats)
+    logger.warning("note: --dataset %r reaches %d file(s) more than once (listed twice, through a glob or a "
+                   "symlink); each file is read once", dataset, repeats)
 
 
 def local_inputs(dataset: str) -> list[Path]:
@@ -511,10 +511,26 @@ def _load_with_datasets(
     (what datasets' ``text`` builder would read line by line) are read as documents instead."""
     _check_one_file_type(name)
     builder = _guarded(name, datasets.load_dataset_builder, name, config)
-    if builder.name == "text" and builder.config.data_files:
-        files = {split: list(paths) for split, paths in builder.config.data_files.items()}
-        return _guarded(name, _load_text_files, files, streaming, sample_by, skip_bad_rows)
+    files = {str(split): list(paths) for split, paths in (builder.config.data_files or {}).items()}
+    if builder.name == "text" and files:
+        return _guarded(name, _load_text_files, _each_file_once(name, files), streaming, sample_by, skip_bad_rows)
+    if os.path.isdir(os.path.expanduser(name)) and files and _each_file_once(name, files) != files:
+        return _guarded(name, datasets.load_dataset, builder.name, data_files=_each_file_once(name, files),
+                        streaming=streaming, **_reader_options(builder.name))
     return _guarded(name, datasets.load_dataset, name, config, streaming=streaming, **_reader_options(builder.name))
+
+
+def _each_file_once(name: str, files: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The data files of each split, a file reached twice (a symlink, a copy listed twice) kept once over all
+    splits, so that no text is both trained on and validated on."""
+    seen: set[str] = set()
+    kept = {}
+    for split, paths in files.items():
+        kept[split] = [p for p in paths if os.path.realpath(p) not in seen and not seen.add(os.path.realpath(p))]
+    repeats = sum(map(len, files.values())) - sum(map(len, kept.values()))
+    if repeats:
+        _note_repeats(name, repeats)
+    return kept
 
 
 def _check_one_file_type(name: str) -> None:

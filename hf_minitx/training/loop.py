@@ -35,6 +35,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
+from safetensors import SafetensorError
 from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -71,10 +72,11 @@ from .prepare import (
     get_tokenizer,
     is_hub_dataset,
     load_training_corpus,
+    lock_output_folder,
     make_accelerator,
     plan_run,
     prepare_data,
-    tokenizer_staging,
+    release_unclaimed,
 )
 from .prepared import PreparedData
 from .stream_data import save_stream_position, streaming_train_batches
@@ -170,10 +172,12 @@ class StopSignals:
     come back when ``fit`` ends.
     """
 
-    def __init__(self, then: str = "finishing this step, then saving a checkpoint") -> None:
+    def __init__(self, then: str = "finishing this step, then saving a checkpoint", *, quit_on_second: bool = True
+                 ) -> None:
         self.received: int | None = None
         self.previous: dict[int, Any] = {}
         self.then = then  # what happens before the stop, said when a signal arrives
+        self.quit_on_second = quit_on_second  # False: the work in progress is the only copy of the run (final save)
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -185,11 +189,11 @@ class StopSignals:
             signal.signal(sig, handler)
 
     def handle(self, signum: int, frame: object) -> None:
-        if self.received is not None:
+        if self.received is not None and self.quit_on_second:
             os._exit(128 + signum)  # the second signal: nothing half-written is left by design, so quit now
-        self.received = signum
-        print(f"\n{signal.Signals(signum).name}: {self.then} (press Ctrl-C again to quit at once)",
-              file=sys.stderr, flush=True)
+        again = "press Ctrl-C again to quit at once" if self.quit_on_second else "it takes seconds; quitting now would lose the run"
+        self.received = self.received or signum
+        print(f"\n{signal.Signals(signum).name}: {self.then} ({again})", file=sys.stderr, flush=True)
 
 
 class TermDuringSetup:
@@ -241,6 +245,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
     try:
         with terminated:
             plan = plan_run(model_args, data_args, train_args)  # every check that needs no data
+            lock_output_folder(plan)  # before any work: a second run on this folder stops here
             run, tokenizer, state = setup(plan)
     except AlreadyComplete as done:
         print(done)
@@ -248,8 +253,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
     except KeyboardInterrupt:
         raise Interrupted(abandon_setup(plan), 128 + signal.SIGTERM if terminated.received else EXIT_INTERRUPTED) from None
     except BaseException:
-        if plan is not None:  # a failure after the tokenizer was trained leaves no hidden staging folder
-            shutil.rmtree(tokenizer_staging(plan), ignore_errors=True)
+        if plan is not None:  # a failure before the first step leaves no staging folder, no folder made for the lock
+            release_unclaimed(plan)
         raise
     outcome = fit(run, state)
     if outcome.interrupted_by is not None:
@@ -644,7 +649,7 @@ def finish(
     """
     accelerator = run.accelerator
     accelerator.wait_for_everyone()
-    with StopSignals(then="completing the final save, then stopping") as signals:
+    with StopSignals(then="completing the final save, then stopping", quit_on_second=False) as signals:
         if accelerator.is_main_process and run.output_dir is not None:
             save_final_folder(run, tokenizer, summary, max_new_tokens=max_new_tokens, card=card)
         accelerator.wait_for_everyone()
@@ -669,7 +674,7 @@ def save_final_folder(
     try:
         save_final_model(model, tokenizer, partial, summary, max_new_tokens=max_new_tokens)
         draw_loss_curve(run.output_dir, partial / LOSS_CURVE_FILE)
-    except (OSError, RuntimeError) as error:
+    except (OSError, RuntimeError, SafetensorError) as error:
         shutil.rmtree(partial, ignore_errors=True)
         raise write_failure(error, partial, run.output_dir) from None
     move_files_into(partial, run.output_dir, last=SUMMARY_FILE)  # the summary marks a finished run
