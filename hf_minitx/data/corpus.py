@@ -750,6 +750,10 @@ def rows_with_text(split: AnyDataset, dataset: str, name: str, skip_bad_rows: bo
         kwargs = {"columns": columns, "where": f"{dataset!r} ({name} split)"}
         return (split.filter(_all_present, fn_kwargs={"columns": columns}) if skip_bad_rows
                 else split.map(_refuse_missing, fn_kwargs=kwargs))
+    if not any(split.data.column(column).null_count for column in columns):
+        return split  # the usual case: one look at the table's counts
+    if split._indices is not None:  # rows selected from a larger table: the mask must follow the rows
+        split = split.flatten_indices()
     missing = np.zeros(len(split), dtype=bool)
     for column in columns:
         missing |= split.data.column(column).is_null().to_numpy(zero_copy_only=False)
