@@ -746,10 +746,12 @@ def rows_with_text(split: AnyDataset, dataset: str, name: str, skip_bad_rows: bo
     """``split`` (normalised columns) without missing texts: a row with one raises ``RowWithoutText`` naming the
     file and the row, or is skipped with ``skip_bad_rows`` (counted in ``SKIPPED_ROWS``, said once)."""
     columns = [c for c in TEXT_COLUMNS if c in (split.column_names or [])]
+    if not columns or DOC_END in (split.column_names or []):
+        return split  # rows read from text files always hold text
     if isinstance(split, IterableDataset):
         kwargs = {"columns": columns, "where": f"{dataset!r} ({name} split)"}
         return (split.filter(_all_present, fn_kwargs={"columns": columns}) if skip_bad_rows
-                else split.map(_refuse_missing, fn_kwargs=kwargs))
+                else split.map(_refuse_missing, fn_kwargs=kwargs, features=split.features))
     if not any(split.data.column(column).null_count for column in columns):
         return split  # the usual case: one look at the table's counts
     if split._indices is not None:  # rows selected from a larger table: the mask must follow the rows
