@@ -16,7 +16,8 @@ Folders (`train`, `experiment`, `train-tokenizer`, `push --dry_run`):
   else needs ``--overwrite_any_folder`` (train) or is refused, naming what it would delete;
 - the old contents are removed only after every check has passed (``replace_folder``), and new folders
   are built in a hidden sibling and renamed into place (``write_folder``), so an interruption leaves the
-  old complete folder or the new complete one.
+  old complete folder or the new complete one. A folder that cannot be renamed (a mount point, a Docker volume)
+  is emptied and written inside instead, and a file that cannot be renamed across file systems is moved.
 
 Single files (`visualize --out`, `explore --out`, `benchmark --json`): written to a temporary sibling and renamed into place
 (atomic); an existing file is replaced only when we wrote it (our tag inside it) or with ``--overwrite``.
@@ -24,6 +25,7 @@ Single files (`visualize --out`, `explore --out`, `benchmark --json`): written t
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -257,7 +259,9 @@ def replace_folder(folder: Path, *, command: str, run_id: str | None = None) -> 
     in ``folder``; the lock moves into the new folder with the same open file.
     """
     lock_folder(folder, command=command)
-    if describe_contents(folder):
+    if describe_contents(folder) and os.path.ismount(folder):  # a mount point cannot be renamed away: emptied
+        _empty_in_place(folder, keep=(LOCK_FILE,))
+    elif describe_contents(folder):
         trash = folder.with_name(f".{folder.name}.old-{os.getpid()}")
         fresh = folder.with_name(f".{folder.name}.new-{os.getpid()}")
         fresh.mkdir()
@@ -268,6 +272,13 @@ def replace_folder(folder: Path, *, command: str, run_id: str | None = None) -> 
     run_id = run_id or uuid.uuid4().hex[:12]
     write_marker(folder, command=command, run_id=run_id)
     return run_id
+
+
+def _empty_in_place(folder: Path, keep: tuple[str, ...]) -> None:
+    """Delete what ``folder`` holds except the names in ``keep`` (a folder that cannot be renamed: a mount point)."""
+    for path in folder.iterdir():
+        if path.name not in keep:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
 def write_marker(folder: Path, *, command: str, run_id: str) -> None:
@@ -297,11 +308,16 @@ def write_folder(folder: Path, fill: Callable[[Path], Any]) -> Path:
     An existing ``folder`` (already checked by ``check_output_folder``) is renamed away just before and
     deleted after, so at every moment ``folder`` is the old complete one, the new complete one, or absent.
     """
-    tmp = partial_sibling(folder)
+    mount = folder.is_dir() and os.path.ismount(folder)  # cannot be renamed: written inside (a Docker volume)
+    tmp = folder / f".{folder.name}{PARTIAL_SUFFIX}-{os.getpid()}" if mount else partial_sibling(folder)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         fill(tmp)
+        if mount:
+            _empty_in_place(folder, keep=(tmp.name, LOCK_FILE))
+            move_files_into(tmp, folder)
+            return folder
         old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
         if folder.exists():
             folder.rename(old)
@@ -319,7 +335,14 @@ def move_files_into(source: Path, folder: Path, *, last: str | None = None) -> N
         names.remove(last)
         names.append(last)
     for name in names:
-        os.replace(source / name, folder / name)
+        try:
+            os.replace(source / name, folder / name)
+        except OSError as error:  # another file system (a mount point's parent): copied, then removed
+            if error.errno != errno.EXDEV:
+                raise
+            if (folder / name).is_dir():
+                shutil.rmtree(folder / name)
+            shutil.move(source / name, folder / name)
     source.rmdir()
 
 

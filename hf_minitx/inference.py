@@ -28,6 +28,7 @@ from .device import pick_device, pick_dtype
 from .model_files import WEIGHTS_FILE, read_folder_config, read_safetensors_header
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+logger = hf_logging.get_logger(__name__)
 
 
 def check_generation_config(folder: Path) -> None:
@@ -55,6 +56,17 @@ def check_loading_info(folder: Path, info: dict) -> None:
         detail = "; ".join(problems) or "; ".join(map(str, info["error_msgs"]))
         raise ValueError(f"{folder / WEIGHTS_FILE} does not match {folder / 'config.json'}: {detail}. The folder was "
                          "edited or mixed from two runs; save the model again, or restore the config it was saved with")
+
+
+def check_finite_weights(model: torch.nn.Module, source: Path) -> None:
+    """Refuse a model with a NaN or infinite weight (a run that diverged), naming the first such tensor:
+    its logits would be NaN, and every page or sample drawn from them meaningless."""
+    for name, param in model.named_parameters():
+        bad = int((~torch.isfinite(param.detach())).sum())
+        if bad:
+            raise ValueError(f"{source} holds {bad} non-finite value(s) (NaN or inf) in {name}: the training that "
+                             "saved it diverged. Use an earlier checkpoint, or train again with a lower "
+                             "--learning_rate")
 
 
 @contextmanager
@@ -102,6 +114,7 @@ def load_model_folder(
         model, info = auto.from_pretrained(folder, dtype=chosen_dtype, output_loading_info=True,
                                            ignore_mismatched_sizes=True, **extra)
     check_loading_info(folder, info)
+    check_finite_weights(model, folder / WEIGHTS_FILE)
     check_generation_config(folder)
     tokenizer = load_tokenizer(folder) if has_tokenizer else None
     return model.to(chosen_device).eval(), tokenizer
@@ -128,17 +141,28 @@ def room_for_new_tokens(model: PreTrainedModel, used: int) -> int | None:
     return config.max_position_embeddings - used if config.position_table else None
 
 
-def check_fits_positions(model: PreTrainedModel, used: int, max_new_tokens: int | None) -> None:
+def check_fits_positions(model: PreTrainedModel, used: int, max_new_tokens: int | None, *,
+                         refuse_past_training: bool = False) -> None:
     """Refuse a generation that would run past the model's positions; say how many new tokens fit.
 
     `used` is the positions the decoder starts with: the (padded) prompt for a decoder-only model, the
-    start token for an encoder-decoder. Rotary positions have no table, so they have no limit here.
+    start token for an encoder-decoder. Rotary positions have no table: running past the trained context
+    (``max_position_embeddings``) is warned about up front, as transformers warns once it happens, or refused
+    with ``refuse_past_training`` (the CLI).
     """
     new = max_new_tokens or model.generation_config.max_new_tokens or 0
-    fit = room_for_new_tokens(model, used)
-    if fit is None or new <= fit:
-        return
     config, limit = model.config, model.config.max_position_embeddings
+    fit = room_for_new_tokens(model, used)
+    if fit is None:
+        if used + new <= limit:
+            return
+        if not refuse_past_training:
+            logger.warning(f"generating {new} new tokens after {used} will exceed the model's predefined maximum "
+                           f"length ({limit}, the context it was trained on); past it, expect the text to degrade")
+            return
+        fit = limit - used
+    elif new <= fit:
+        return
     raise ValueError(f"max_new_tokens={new} does not fit: the model has {limit} positions ({config.position_embedding_type}) "
                      f"and the prompt takes {used}, so at most {max(fit, 0)} new tokens fit"
                      + ("; shorten the prompt" if fit < 1 else f"; pass --max_new_tokens {fit} or less"))
@@ -173,7 +197,8 @@ def generate_texts(
 
 
 def _continue_prompts(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], **generate_kwargs: Any
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], *, refuse_past_training: bool = False,
+    **generate_kwargs: Any,
 ) -> list[str]:
     """New text of a decoder-only model after each prompt (left-padded batch, prompt tokens removed)."""
     device = next(model.parameters()).device
@@ -181,7 +206,8 @@ def _continue_prompts(
     empty = [i for i, ids in enumerate(encoded["attention_mask"].sum(dim=1).tolist()) if ids == 0]
     if empty:
         raise ValueError(f"prompt {empty[0]} is empty; give every prompt at least one character of text to continue")
-    check_fits_positions(model, encoded["input_ids"].shape[1], generate_kwargs.get("max_new_tokens"))
+    check_fits_positions(model, encoded["input_ids"].shape[1], generate_kwargs.get("max_new_tokens"),
+                         refuse_past_training=refuse_past_training)
     output = model.generate(**encoded, **generate_kwargs)  # (batch, prompt + new)
     new_tokens = output[:, encoded["input_ids"].shape[1]:]  # (batch, new)
     return tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
@@ -194,6 +220,7 @@ def generate(
     prompts: Sequence[str],
     *,
     seed: int | None = None,
+    refuse_past_training: bool = False,
     **generate_kwargs: Any,
 ) -> list[str]:
     """Continuations (decoder-only) or outputs (encoder-decoder) of ``prompts``, one string each: the one
@@ -201,7 +228,8 @@ def generate(
 
     ``generate_kwargs`` go to ``model.generate`` (max_new_tokens, do_sample, temperature, top_k,
     top_p, num_beams); None values are dropped so the model's generation_config decides. Settings out of
-    range, and generations longer than the model's positions, are refused before any work. With ``seed`` the
+    range, and generations longer than the model's positions, are refused before any work (rotary positions: a
+    warning, or refused with ``refuse_past_training``). With ``seed`` the
     sampling is reproducible and the caller's RNG state is left as it was (training calls this mid-run).
     The model is in eval mode while generating and comes back in the mode it had.
     """
@@ -218,9 +246,9 @@ def generate(
             if seed is not None:
                 torch.manual_seed(seed)
             if model.config.is_encoder_decoder:
-                check_fits_positions(model, 1, kwargs.get("max_new_tokens"))
+                check_fits_positions(model, 1, kwargs.get("max_new_tokens"), refuse_past_training=refuse_past_training)
                 return generate_texts(model, tokenizer, prompts, batch_size=len(prompts), **kwargs)
-            return _continue_prompts(model, tokenizer, prompts, **kwargs)
+            return _continue_prompts(model, tokenizer, prompts, refuse_past_training=refuse_past_training, **kwargs)
     finally:
         model.train(was_training)
 
@@ -254,8 +282,10 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
         raise ValueError("--greedy and --do_sample contradict each other; give one of them")
     model, tokenizer = load_model_folder(args.model, device=args.device, dtype=args.dtype)
     do_sample = True if args.do_sample else False if args.greedy or (args.num_beams or 1) > 1 else None
-    outputs = generate(
-        model, tokenizer, args.prompt, seed=args.seed, max_new_tokens=args.max_new_tokens, do_sample=do_sample,
+    outputs = generate(  # an asked length past the trained context is refused (in Python: a warning)
+        model, tokenizer, args.prompt, seed=args.seed, refuse_past_training=args.max_new_tokens is not None,
+        max_new_tokens=args.max_new_tokens,
+        do_sample=do_sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, num_beams=args.num_beams,
     )
     for prompt, output in zip(args.prompt, outputs, strict=True):

@@ -29,6 +29,10 @@ def read_folder_config(folder: Path) -> dict:
     """config.json of a MiniTx folder as a dict; anything else is refused with the reason and the fix."""
     path = folder / "config.json"
     if not path.is_file():
+        if any(folder.glob("checkpoint-*/run_state.json")):
+            raise FileNotFoundError(f"{folder} holds checkpoints but no final model (no config.json): its run was "
+                                    "interrupted. Resume it with the same `minitx train` command plus "
+                                    "--resume_from_checkpoint latest; its final folder can then be read")
         raise FileNotFoundError(f"{folder} is not a model folder (no config.json); pass the --output_dir of a training run")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))

@@ -108,6 +108,15 @@ def test_generate_command_refuses_a_broken_folder_with_one_line(broken, capsys):
     assert len(err) == 1 and err[0].startswith("error:") and "does not match" in err[0]
 
 
+def test_a_model_with_a_nan_weight_is_refused_naming_the_tensor(broken, capsys):
+    weights = load_file(broken / "model.safetensors")
+    weights["model.decoder.layers.0.mlp.fc1.weight"][3, 4] = float("inf")
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    assert minitx(["generate", "--model", str(broken), "--prompt", "the cat", "--do_sample"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "1 non-finite value(s) (NaN or inf) in model.decoder.layers.0.mlp.fc1.weight" in err[0]
+
+
 def test_dry_run_names_a_broken_folder_not_the_remote_code(broken, tmp_path, capsys):
     _edit_config(broken, num_hidden_layers=3)
     assert minitx(["push", "--model_dir", str(broken), "--dry_run", str(tmp_path / "staged")]) == 2
@@ -133,6 +142,27 @@ def test_generation_longer_than_the_positions_says_how_many_fit(causal_dir):
     with pytest.raises(ValueError, match=f"at most {32 - prompt_len} new tokens fit"):
         generate(model, tokenizer, ["the cat"], max_new_tokens=10_000)
     assert len(generate(model, tokenizer, ["the cat"], max_new_tokens=32 - prompt_len, do_sample=False)) == 1
+
+
+def test_rotary_generation_past_the_trained_context_is_refused_in_the_cli_and_warned_in_python(
+        tokenizer, tmp_path, capsys, caplog):
+    torch.manual_seed(0)
+    config = MiniTxConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=64, max_position_embeddings=16, position_embedding_type="rope",
+                          pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    folder = _save(MiniTxForCausalLM(config), tokenizer, tmp_path / "rotary")
+    assert minitx(["generate", "--model", str(folder), "--prompt", "the cat", "--max_new_tokens", "100000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "max_new_tokens=100000 does not fit: the model has 16 positions (rope)" in err[0]
+    model, _ = load_model_folder(folder, device="cpu")
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_propagation()
+    with caplog.at_level(logging.WARNING):
+        assert len(generate(model, tokenizer, ["the cat"], max_new_tokens=20, do_sample=False)) == 1
+    assert "will exceed the model's predefined maximum length (16" in caplog.text
 
 
 def test_seq2seq_generation_longer_than_the_decoder_positions_is_refused(tokenizer, tmp_path):

@@ -99,7 +99,9 @@ def load_corpus(
     carves nothing (only train, for a command that needs no validation); a corpus too small to carve from
     raises ``TooSmallToSplit``. Bytes of a text file that are not UTF-8 raise ``UndecodableText`` naming the
     file and the offset; ``skip_bad_rows`` replaces them with U+FFFD instead (counted per file in
-    ``REPLACED_BYTES``).
+    ``REPLACED_BYTES``). A row whose text (source, target) is missing (JSON null, an empty CSV cell) raises
+    ``RowWithoutText`` naming the file and the row; ``skip_bad_rows`` skips it (counted in ``SKIPPED_ROWS``).
+    CSV cells such as ``NA``, ``null`` or ``N/A`` are text, never missing values.
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
@@ -113,6 +115,7 @@ def load_corpus(
     splits = {}
     for name, split in raw.items():
         split = _normalise_columns(split, dataset, task, text_column, source_column, target_column)
+        split = rows_with_text(split, dataset, name, skip_bad_rows)
         splits[name] = as_samples(split, sample_by) if task == "causal-lm" else split
     splits = _with_validation(splits, dataset, validation_split, seed, streaming)
     for name, split in splits.items():
@@ -405,8 +408,8 @@ def _read_once(dataset: str, files: list[str]) -> list[str]:
 @functools.cache
 def _note_repeats(dataset: str, repeats: int) -> None:
     """Say once per --dataset that repeated files are read once."""
-    logger.warning("note: --dataset %r lists %d file(s) more than once (directly or through a glob); each file "
-                   "is read once", dataset, repeats)
+    logger.warning("note: --dataset %r reaches %d file(s) more than once (listed twice, through a glob or a "
+                   "symlink); each file is read once", dataset, repeats)
 
 
 def local_inputs(dataset: str) -> list[Path]:
@@ -433,7 +436,16 @@ def _load_files(files: list[str], streaming: bool, sample_by: str, skip_bad_rows
         raise ValueError(f"dataset file(s) {empty} are empty: there is nothing to train on")
     if builder == "text":
         return _guarded(",".join(files), _load_text_files, {"train": files}, streaming, sample_by, skip_bad_rows)
-    return _guarded(",".join(files), datasets.load_dataset, builder, data_files={"train": files}, streaming=streaming)
+    return _guarded(",".join(files), datasets.load_dataset, builder, data_files={"train": files}, streaming=streaming,
+                    **_reader_options(builder))
+
+
+CSV_AS_TEXT = {"keep_default_na": False, "na_values": [""]}  # "NA", "null", "nan", "N/A", "#N/A" stay text
+
+
+def _reader_options(builder: str) -> dict[str, Any]:
+    """Options of datasets' ``builder``: a CSV cell is text, and only an empty one is missing."""
+    return dict(CSV_AS_TEXT) if builder == "csv" else {}
 
 
 def _files_key(files: list[str]) -> list:
@@ -499,10 +511,26 @@ def _load_with_datasets(
     (what datasets' ``text`` builder would read line by line) are read as documents instead."""
     _check_one_file_type(name)
     builder = _guarded(name, datasets.load_dataset_builder, name, config)
-    if builder.name == "text" and builder.config.data_files:
-        files = {split: list(paths) for split, paths in builder.config.data_files.items()}
-        return _guarded(name, _load_text_files, files, streaming, sample_by, skip_bad_rows)
-    return _guarded(name, datasets.load_dataset, name, config, streaming=streaming)
+    files = {str(split): list(paths) for split, paths in (builder.config.data_files or {}).items()}
+    if builder.name == "text" and files:
+        return _guarded(name, _load_text_files, _each_file_once(name, files), streaming, sample_by, skip_bad_rows)
+    if os.path.isdir(os.path.expanduser(name)) and files and _each_file_once(name, files) != files:
+        return _guarded(name, datasets.load_dataset, builder.name, data_files=_each_file_once(name, files),
+                        streaming=streaming, **_reader_options(builder.name))
+    return _guarded(name, datasets.load_dataset, name, config, streaming=streaming, **_reader_options(builder.name))
+
+
+def _each_file_once(name: str, files: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The data files of each split, a file reached twice (a symlink, a copy listed twice) kept once over all
+    splits, so that no text is both trained on and validated on."""
+    seen: set[str] = set()
+    kept = {}
+    for split, paths in files.items():
+        kept[split] = [p for p in paths if os.path.realpath(p) not in seen and not seen.add(os.path.realpath(p))]
+    repeats = sum(map(len, files.values())) - sum(map(len, kept.values()))
+    if repeats:
+        _note_repeats(name, repeats)
+    return kept
 
 
 def _check_one_file_type(name: str) -> None:
@@ -702,6 +730,92 @@ def _has_text(split: Dataset, columns: list[str]) -> bool:
         if any(text and not text.isspace() for column in columns for text in batch[column]):
             return True
     return False
+
+
+# --- rows without text --------------------------------------------------------------------------
+
+SKIPPED_ROWS: dict[str, int] = {}  # --skip_bad_rows: rows without text skipped, per "dataset (split)"
+TEXT_COLUMNS = ("text", "source", "target")
+
+
+class RowWithoutText(ValueError):
+    """A row whose text (or source, target) is missing: a JSON null, an empty CSV cell, a parquet null."""
+
+
+def rows_with_text(split: AnyDataset, dataset: str, name: str, skip_bad_rows: bool) -> AnyDataset:
+    """``split`` (normalised columns) without missing texts: a row with one raises ``RowWithoutText`` naming the
+    file and the row, or is skipped with ``skip_bad_rows`` (counted in ``SKIPPED_ROWS``, said once)."""
+    columns = [c for c in TEXT_COLUMNS if c in (split.column_names or [])]
+    if not columns or DOC_END in (split.column_names or []):
+        return split  # rows read from text files always hold text
+    if isinstance(split, IterableDataset):
+        kwargs = {"columns": columns, "where": f"{dataset!r} ({name} split)"}
+        return (split.filter(_all_present, fn_kwargs={"columns": columns}) if skip_bad_rows
+                else split.map(_refuse_missing, fn_kwargs=kwargs, features=split.features))
+    if not any(split.data.column(column).null_count for column in columns):
+        return split  # the usual case: one look at the table's counts
+    if split._indices is not None:  # rows selected from a larger table: the mask must follow the rows
+        split = split.flatten_indices()
+    missing = np.zeros(len(split), dtype=bool)
+    for column in columns:
+        missing |= split.data.column(column).is_null().to_numpy(zero_copy_only=False)
+    if not missing.any():
+        return split
+    first = int(np.flatnonzero(missing)[0])
+    if not skip_bad_rows:
+        column = next(c for c in columns if split[first][c] is None)
+        raise RowWithoutText(f"{_locate_row(dataset, name, first)} has no {column} (null or an empty cell): fix or "
+                             "delete that row, or pass --skip_bad_rows to skip rows without text (counted in the "
+                             "summary)")
+    key = f"{dataset} ({name})"
+    SKIPPED_ROWS[key] = int(missing.sum())
+    logger.warning("--skip_bad_rows: skipped %d row(s) without text in %s, the first %s", SKIPPED_ROWS[key], key,
+                   _locate_row(dataset, name, first))
+    return split.select(np.flatnonzero(~missing))
+
+
+def _all_present(row: dict, columns: list[str]) -> bool:
+    return all(row[column] is not None for column in columns)
+
+
+def _refuse_missing(row: dict, columns: list[str], where: str) -> dict:
+    for column in columns:
+        if row[column] is None:
+            raise RowWithoutText(f"a row of {where} has no {column} (null or an empty cell): fix or delete it, or "
+                                 "pass --skip_bad_rows to skip rows without text")
+    return row
+
+
+def _locate_row(dataset: str, name: str, index: int) -> str:
+    """"FILE row N" for row ``index`` of a split read from local files, else "row N of the NAME split of ..."."""
+    files = None
+    try:
+        if os.path.isdir(os.path.expanduser(dataset)):
+            data_files = datasets.load_dataset_builder(dataset).config.data_files or {}
+            aliases = VALIDATION_ALIASES if name == "validation" else (name,)
+            files = next((list(paths) for split, paths in data_files.items() if str(split) in aliases), None)
+        elif name == "train":
+            files = _local_files(dataset)
+    except Exception:  # noqa: BLE001  only the message's precision depends on it
+        files = None
+    bars = not datasets.utils.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        return _row_in_files(files or [], index) or f"row {index + 1} of the {name} split of {dataset!r}"
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def _row_in_files(files: list[str], index: int) -> str | None:
+    """"FILE row N" of row ``index`` of ``files`` read one after the other (None: past their end)."""
+    for path in files:
+        builder = FILE_BUILDERS.get(Path(path).suffix.lower())
+        rows = len(datasets.load_dataset(builder, data_files=[path], split="train", **_reader_options(builder)))
+        if index < rows:
+            return f"{path}: {'data row' if builder == 'csv' else 'row'} {index + 1}"
+        index -= rows
+    return None
 
 
 # --- columns ------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """MiniTxConfig: the one configuration shared by the decoder-only and the encoder-decoder model."""
 
+import difflib
 import math
 from typing import NamedTuple
 
@@ -27,6 +28,7 @@ POSITION_EMBEDDING_TYPES = tuple(POSITION_KINDS)
 IGNORE_INDEX = -100  # label value the loss skips (padding, prompt tokens)
 BOOL_FIELDS = ("attention_bias", "scale_embeddings", "tie_word_embeddings", "is_encoder_decoder", "use_cache",
                "qk_norm", "zero_init_head", "zero_init_projections")
+HF_KEYWORDS = ("tie_encoder_decoder",)  # PretrainedConfig keywords that look like one of our fields
 FLOAT_FIELDS = ("rope_theta", "hidden_dropout", "attention_dropout", "layer_norm_eps", "initializer_range")
 
 
@@ -109,6 +111,7 @@ class MiniTxConfig(PretrainedConfig):
     decoder_start_token_id: int | None = None
 
     def __post_init__(self, **kwargs):
+        self._refuse_misspelled(kwargs)
         self._check_types()
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
@@ -126,6 +129,19 @@ class MiniTxConfig(PretrainedConfig):
             self.num_hidden_layers = self.num_decoder_layers
         super().__post_init__(**kwargs)
         self._check()
+
+    @classmethod
+    def _refuse_misspelled(cls, kwargs: dict) -> None:
+        """An unknown keyword close to one of MiniTx's own fields (``hiden_size``) is a typo: a TypeError names the
+        field it resembles. Other unknown keywords belong to transformers (``id2label``, ``torch_dtype``,
+        ``sep_token_id``...) and are kept as PretrainedConfig keeps them."""
+        ours = list(cls.__annotations__)
+        for key in kwargs:
+            if key in ours or key.startswith("_") or key.endswith("_token_id") or key in HF_KEYWORDS:
+                continue
+            close = difflib.get_close_matches(key, ours, n=1, cutoff=0.8)
+            if close:
+                raise TypeError(f"MiniTxConfig got an unknown keyword {key!r}; did you mean {close[0]!r}?")
 
     @property
     def head_dim(self) -> int:

@@ -68,8 +68,10 @@ def check_inputs(
     attention_mask: torch.Tensor | None,
     inputs_embeds: torch.Tensor | None = None,
     prefix: str = "",
+    weights_device: torch.device | None = None,
 ) -> bool | None:
-    """Raise one ValueError for ids, embeddings or a padding mask no model could use.
+    """Raise one ValueError for ids, embeddings or a padding mask no model could use (meta-device inputs too, unless
+    the weights, on ``weights_device``, are meta as well: shape tracing).
 
     input_ids: (batch, seq) integer ids in [0, vocab_size), batch and seq >= 1; inputs_embeds: (batch, seq, hidden).
     attention_mask: (batch, seq) of 0/1 or bool, or a ready 4-D mask (taken as is). `prefix` is "decoder_" for
@@ -90,6 +92,9 @@ def check_inputs(
         raise ValueError(f"{mask_name} must be (batch, seq) with 1 for tokens and 0 for padding, got shape "
                          f"{tuple(attention_mask.shape)}. Pass the mask the tokenizer returned.")
     if any(x is not None and x.device.type == "meta" for x in (input_ids, attention_mask, inputs_embeds)):
+        if weights_device is not None and weights_device.type != "meta":
+            raise ValueError(f"the inputs are on the meta device (shapes without values) but the model's weights are "
+                             f"on {weights_device}; move the inputs there (.to({str(weights_device)!r}))")
         # meta tensors have shapes but no values (shape tracing): nothing to read, so assume a 2-D mask pads
         return True if attention_mask is not None and attention_mask.dim() == 2 else None
     checks = {}
@@ -233,7 +238,8 @@ class MiniTxStack(nn.Module):
         self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         remembered = decode_step_padding(self_cache, input_ids if inputs_embeds is None else inputs_embeds)
         if remembered is None:  # a call with what the user gave: check it
-            has_padding = check_inputs(self.config, input_ids, attention_mask, inputs_embeds, prefix)
+            has_padding = check_inputs(self.config, input_ids, attention_mask, inputs_embeds, prefix,
+                                       weights_device=next(self.parameters()).device)
             cross_padding = None
         else:  # one generated token on a filled cache: the prompt's checks hold, no host sync
             has_padding, cross_padding = remembered
@@ -400,7 +406,8 @@ class MiniTxModel(MiniTxPreTrainedModel):
         if decoder_inputs_embeds is None:
             if decode_step_padding(cache.self_attention_cache if isinstance(
                     cache, EncoderDecoderCache) else None, decoder_input_ids) is None:
-                check_inputs(self.config, decoder_input_ids, None, prefix="decoder_")
+                check_inputs(self.config, decoder_input_ids, None, prefix="decoder_",
+                             weights_device=self.encoder.embed_tokens.weight.device)
             decoder_inputs_embeds = self.encoder.embed(decoder_input_ids)
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))

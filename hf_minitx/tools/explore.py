@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,8 +33,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from ..folders import HTML_TAG, check_output_file, html_written_by_us, write_file
-from ..inference import load_model_folder
+from ..folders import HTML_TAG, check_output_file, html_written_by_us, read_marker, write_file
+from ..inference import check_finite_weights, load_model_folder
 from ..model_files import read_safetensors_header
 from ..models.positions_minitx import rope_inverse_frequencies
 from ..training.checkpoints import CHECKPOINT_PREFIX, MODEL_FILES, list_checkpoints
@@ -137,6 +138,7 @@ def find_snapshots(model_dir: Path, run: str | None, most: int) -> list[Snapshot
     run_dir = Path(run)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"--run {run} is not a folder; pass the --output_dir of a training run")
+    check_same_run_id(model_dir, run_dir)
     checkpoints = [(p, files[0]) for p in list_checkpoints(run_dir)
                    if (files := [p / name for name in MODEL_FILES if (p / name).is_file()])]
     if not checkpoints:
@@ -149,7 +151,16 @@ def find_snapshots(model_dir: Path, run: str | None, most: int) -> list[Snapshot
         number = int(folder.name.removeprefix(CHECKPOINT_PREFIX))
         if number != step:  # the last checkpoint of a finished run holds the final weights
             snapshots.append(Snapshot(label=f"step {number}", step=number, path=weights))
-    return snapshots + [final]
+    return sorted(snapshots + [final], key=lambda s: math.inf if s.step is None else s.step)  # a resumed run: by step
+
+
+def check_same_run_id(model_dir: Path, run_dir: Path) -> None:
+    """--run must be the run that trained --model: two runs of the same shapes would mix silently."""
+    ids = {name: (read_marker(folder) or {}).get("run_id") for name, folder in (("--model", model_dir),
+                                                                                 ("--run", run_dir))}
+    if None not in ids.values() and ids["--model"] != ids["--run"]:
+        raise ValueError(f"--run {run_dir} is run {ids['--run']}, but --model {model_dir} was trained by run "
+                         f"{ids['--model']}; pass the --run that trained the --model (usually the same folder)")
 
 
 def load_snapshot(model: Any, snapshot: Snapshot, final_state: dict[str, torch.Tensor]) -> None:
@@ -166,6 +177,8 @@ def load_snapshot(model: Any, snapshot: Snapshot, final_state: dict[str, torch.T
         names = ", ".join((missing + unexpected)[:3])
         raise ValueError(f"{snapshot.path} does not match the model in --model ({len(missing)} missing, "
                          f"{len(unexpected)} unexpected tensors, e.g. {names}); {fix}")
+    if snapshot.path is not None:
+        check_finite_weights(model, snapshot.path)
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -320,7 +333,7 @@ def explore_data(model_dir: str | Path, text: str, *, target: str | None = None,
     for snapshot in snapshots:
         load_snapshot(model, snapshot, final_state)
         views.append({"label": snapshot.label, "step": snapshot.step, **look(model, inputs, top_k)})
-    load_snapshot(model, snapshots[-1], final_state)  # the caller's model is the final one again
+    load_snapshot(model, next(s for s in snapshots if s.path is None), final_state)  # the final one again
     config = model.config
     return {
         "kind": "seq2seq" if config.is_encoder_decoder else "causal-lm",
@@ -338,7 +351,11 @@ def render_page(data: dict[str, Any]) -> str:
     or reshape the data block; the placeholders are filled in one pass, so a text naming one stays text.
     """
     template = resources.files("hf_minitx.tools").joinpath("explorer.html").read_text(encoding="utf-8")
-    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=True)
+    try:  # a bare NaN would make the data block invalid JSON and the page blank
+        payload = json.dumps(data, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    except ValueError:
+        raise ValueError("the model's outputs on this text hold NaN or inf values, which the page cannot show; "
+                         "check the model's weights (an earlier checkpoint may be sound)") from None
     for char in "<>&":
         payload = payload.replace(char, f"\\u{ord(char):04x}")  # only inside JSON strings: same value
     parts = {"GENERATOR": HTML_TAG, "TITLE": html.escape(f"{data['model']['name']}: {data['text'][:60]}"),

@@ -95,8 +95,9 @@ class DataArguments:
     )
     skip_bad_rows: bool = field(
         default=False,
-        metadata={"help": "Text files: replace bytes that are not UTF-8 with U+FFFD (counted per file in the summary) "
-                          "instead of stopping with an error that names the file and the byte offset."},
+        metadata={"help": "Text files: replace bytes that are not UTF-8 with U+FFFD; records: skip rows without text "
+                          "(null, an empty CSV cell); both counted in the summary, instead of stopping with an error "
+                          "that names the file and the byte offset or row."},
     )
     accept_changed_inputs: bool = field(
         default=False,

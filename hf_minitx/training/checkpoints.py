@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from ..data.streaming import load_stream_state
 from ..folders import check_marker
@@ -147,8 +147,8 @@ def check_compatible(checkpoint: Path, stored: dict[str, Any], expected: dict[st
     """Refuse to resume when the checkpoint was made with other model/data settings."""
     different = {}
     for key, value in expected.items():
-        if key == INPUT_FILES or (key in SPLIT_FIELDS and key not in stored):
-            continue  # compared by check_same_inputs; split fields of checkpoints older than their recording
+        if key == INPUT_FILES or (key in (*SPLIT_FIELDS, RECIPE) and key not in stored):
+            continue  # compared by check_same_inputs; fields of checkpoints older than their recording
         old = stored.get(key)
         if isinstance(old, dict) and isinstance(value, dict):
             for sub in sorted(set(old) | set(value)):
@@ -158,14 +158,17 @@ def check_compatible(checkpoint: Path, stored: dict[str, Any], expected: dict[st
             different[key] = (old, value)
     if different:
         diff = "; ".join(f"{k}: checkpoint has {old!r}, this run has {new!r}" for k, (old, new) in different.items())
+        recipe = (" (a resumed run goes on with its checkpoint's optimizer state and schedule, so a changed rate "
+                  "would not apply)" if any(k.startswith(f"{RECIPE}.") for k in different) else "")
         raise ValueError(
             f"checkpoint {checkpoint} comes from another configuration ({diff}); "
-            "resume with the same settings, or start a new run in another --output_dir"
+            f"resume with the same settings{recipe}, or start a new run in another --output_dir"
         )
 
 
 SPLIT_FIELDS = ("seed", "validation_split", "streaming")  # what defines the validation split, besides the files
 INPUT_FILES = "input_files"  # run identity key: {path: fingerprint} of the local files the run reads
+RECIPE = "recipe"  # run identity key: the optimizer, its rates and decays, the schedule (prepare.optimizer_recipe)
 
 
 def check_same_inputs(checkpoint: Path, stored: dict[str, Any], expected: dict[str, Any],
@@ -201,14 +204,21 @@ def rotate_checkpoints(output_dir: str | Path, keep: int) -> list[Path]:
 WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EIO)
 
 
+def _safetensors_errno(error: BaseException) -> int | None:
+    """The OS error number inside a SafetensorError ("IoError(Os { code: 28, ... })"); None for other errors."""
+    match = re.search(r"\bcode: (\d+)", str(error)) if isinstance(error, SafetensorError) else None
+    return int(match.group(1)) if match else None
+
+
 def write_failure(error: BaseException, where: Path, output_dir: Path) -> BaseException:
     """One-line error for a write that failed (disk full, read-only, quota): the folder, its free space and the
     last good checkpoint. ``error`` itself is returned when it is not a failure to write."""
     torch_write = isinstance(error, RuntimeError) and any(
         text in str(error) for text in ("file write failed", "unexpected pos", "PytorchStreamWriter"))
-    if not (isinstance(error, OSError) and error.errno in WRITE_ERRNOS) and not torch_write:
+    code = error.errno if isinstance(error, OSError) else _safetensors_errno(error)
+    if code not in WRITE_ERRNOS and not torch_write:
         return error
-    reason = os.strerror(error.errno) if isinstance(error, OSError) else "the file write failed"
+    reason = os.strerror(code) if code in WRITE_ERRNOS else "the file write failed"
     existing = next((p for p in (where, *where.parents) if p.exists()), Path("/"))
     free = shutil.disk_usage(existing).free
     last = list_checkpoints(output_dir)

@@ -110,6 +110,17 @@ def evaluate_generation(
     return metrics, ordered
 
 
+def chance_note(metrics: dict[str, float], vocab_size: int) -> str | None:
+    """A warning when the validation loss is no better than picking tokens at random (perplexity at least half
+    the vocabulary size), e.g. after a run that diverged without a NaN; None when the model learned something."""
+    loss = metrics.get("eval_loss")
+    if loss is None or vocab_size < 2 or (math.isfinite(loss) and loss < math.log(vocab_size / 2)):
+        return None
+    return (f"warning: the final evaluation is at chance (perplexity {metrics.get('eval_perplexity', math.inf):.4g} "
+            f"with a {vocab_size}-token vocabulary): the model learned nothing usable. Train longer, or lower the "
+            "learning rate if the loss rose")
+
+
 @dataclass
 class TextEvaluation:
     """What `minitx train` measures at each evaluation, on every process together.

@@ -35,13 +35,14 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
+from safetensors import SafetensorError
 from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from ..cli import EXIT_INTERRUPTED, Interrupted
-from ..data.corpus import REPLACED_BYTES, UndecodableText
+from ..data.corpus import REPLACED_BYTES, SKIPPED_ROWS, UndecodableText
 from ..data.streaming import PackedBlockStream
 from ..device import describe_hardware
 from ..folders import PARTIAL_SUFFIX, move_files_into, output_path, unlock_folder
@@ -57,7 +58,7 @@ from .checkpoints import (
     write_run_state,
 )
 from .data_order import StepIndexedBatchSampler
-from .evaluation import TextEvaluation
+from .evaluation import TextEvaluation, chance_note
 from .loss import Objective
 from .optim import build_optimizer, build_scheduler, describe_optimizer, describe_schedule, relay_schedule
 from .outputs import LOSS_CURVE_FILE, SUMMARY_FILE, append_metrics, save_final_model, truncate_metrics
@@ -73,10 +74,11 @@ from .prepare import (
     get_tokenizer,
     is_hub_dataset,
     load_training_corpus,
+    lock_output_folder,
     make_accelerator,
     plan_run,
     prepare_data,
-    tokenizer_staging,
+    release_unclaimed,
 )
 from .prepared import PreparedData
 from .stream_data import save_stream_position, streaming_train_batches
@@ -84,7 +86,7 @@ from .stream_data import save_stream_position, streaming_train_batches
 logger = logging.getLogger(__name__)
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(RuntimeError, ValueError):  # a ValueError: the CLI prints it as one line, exit 2
     """The training loss or the gradients became NaN/inf; training stopped before the optimizer step."""
 
 
@@ -180,10 +182,12 @@ class StopSignals:
     come back when ``fit`` ends.
     """
 
-    def __init__(self, then: str = "finishing this step, then saving a checkpoint") -> None:
+    def __init__(self, then: str = "finishing this step, then saving a checkpoint", *, quit_on_second: bool = True
+                 ) -> None:
         self.received: int | None = None
         self.previous: dict[int, Any] = {}
         self.then = then  # what happens before the stop, said when a signal arrives
+        self.quit_on_second = quit_on_second  # False: the work in progress is the only copy of the run (final save)
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -195,11 +199,11 @@ class StopSignals:
             signal.signal(sig, handler)
 
     def handle(self, signum: int, frame: object) -> None:
-        if self.received is not None:
+        if self.received is not None and self.quit_on_second:
             os._exit(128 + signum)  # the second signal: nothing half-written is left by design, so quit now
-        self.received = signum
-        print(f"\n{signal.Signals(signum).name}: {self.then} (press Ctrl-C again to quit at once)",
-              file=sys.stderr, flush=True)
+        again = "press Ctrl-C again to quit at once" if self.quit_on_second else "it takes seconds; quitting now would lose the run"
+        self.received = self.received or signum
+        print(f"\n{signal.Signals(signum).name}: {self.then} ({again})", file=sys.stderr, flush=True)
 
 
 class TermDuringSetup:
@@ -251,6 +255,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
     try:
         with terminated:
             plan = plan_run(model_args, data_args, train_args)  # every check that needs no data
+            lock_output_folder(plan)  # before any work: a second run on this folder stops here
             run, tokenizer, state = setup(plan)
     except AlreadyComplete as done:
         print(done)
@@ -258,8 +263,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
     except KeyboardInterrupt:
         raise Interrupted(abandon_setup(plan), 128 + signal.SIGTERM if terminated.received else EXIT_INTERRUPTED) from None
     except BaseException:
-        if plan is not None:  # a failure after the tokenizer was trained leaves no hidden staging folder
-            shutil.rmtree(tokenizer_staging(plan), ignore_errors=True)
+        if plan is not None:  # a failure before the first step leaves no staging folder, no folder made for the lock
+            release_unclaimed(plan)
         raise
     outcome = fit(run, state)
     if outcome.interrupted_by is not None:
@@ -272,8 +277,12 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
         "hub_dataset": is_hub_dataset(data_args.dataset), **run_summary(run, state, outcome),
         "evaluation": run.evaluation.coverage,
         "preset": model_args.preset, "seed": train_args.seed, "config_overrides": model_args.config_overrides,
-        **({"bad_bytes_replaced": dict(REPLACED_BYTES)} if data_args.skip_bad_rows else {}),
+        **({"bad_bytes_replaced": dict(REPLACED_BYTES), "rows_without_text_skipped": dict(SKIPPED_ROWS)}
+           if data_args.skip_bad_rows else {}),
     }
+    at_chance = chance_note(outcome.final_metrics, len(tokenizer))
+    if at_chance:
+        summary["warning"] = at_chance
     received = finish(run, tokenizer, summary,
                       max_new_tokens=data_args.max_target_length if not plan.objective.shift else 128,
                       push_to=train_args.hub_model_id if train_args.push_to_hub else None)
@@ -281,6 +290,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
         raise Interrupted(f"{signal.Signals(received).name} arrived during the final save, which was completed first: "
                           f"{plan.output_dir} holds the finished model of {state.step} steps (not pushed)",
                           128 + received)
+    if at_chance and run.accelerator.is_main_process:
+        print(at_chance)  # the last line, where it is seen
     return plan.output_dir
 
 
@@ -626,8 +637,9 @@ def check_finite(run: TrainingRun, step: int, loss: float, grad_norm: float) -> 
     where = f"the last good checkpoint is {last[-1]}" if last else "no checkpoint was saved"
     raise NonFiniteLossError(
         f"training stopped at step {step}: the loss is {loss} and the gradient norm {grad_norm}; the weights "
-        f"were not updated and {where}. Try a lower --learning_rate, a longer --warmup_steps, --max_grad_norm 1.0 "
-        "or --mixed_precision no, then resume with --resume_from_checkpoint latest."
+        f"were not updated and {where}. Resuming with the same settings would diverge again (a resumed run keeps "
+        "its recipe): start again with --overwrite_output_dir and a lower --learning_rate (or --muon_learning_rate), "
+        "a longer --warmup_steps, --max_grad_norm 1.0 or --mixed_precision no."
     )
 
 
@@ -749,7 +761,7 @@ def finish(
     """
     accelerator = run.accelerator
     accelerator.wait_for_everyone()
-    with StopSignals(then="completing the final save, then stopping") as signals:
+    with StopSignals(then="completing the final save, then stopping", quit_on_second=False) as signals:
         if accelerator.is_main_process and run.output_dir is not None:
             save_final_folder(run, tokenizer, summary, max_new_tokens=max_new_tokens, card=card)
         accelerator.wait_for_everyone()
@@ -774,7 +786,7 @@ def save_final_folder(
     try:
         save_final_model(model, tokenizer, partial, summary, max_new_tokens=max_new_tokens)
         draw_loss_curve(run.output_dir, partial / LOSS_CURVE_FILE)
-    except (OSError, RuntimeError) as error:
+    except (OSError, RuntimeError, SafetensorError) as error:
         shutil.rmtree(partial, ignore_errors=True)
         raise write_failure(error, partial, run.output_dir) from None
     move_files_into(partial, run.output_dir, last=SUMMARY_FILE)  # the summary marks a finished run

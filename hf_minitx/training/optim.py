@@ -289,13 +289,21 @@ def relay_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, args: Optimizer
     scheduler._last_lr = rates
 
 
+MAX_LEARNING_RATE = 10.0  # far above any rate that trains: a larger one is a typo (or inf), refused up front
+
+
 def check_optimizer_arguments(args: OptimizerArguments) -> None:
-    """Learning rates positive, ratios in range (before any work)."""
+    """Learning rates positive, finite and below MAX_LEARNING_RATE, weight decay finite, ratios in range (before
+    any work)."""
     if args.optimizer not in OPTIMIZERS:
         raise ValueError(f"--optimizer {args.optimizer!r} is not known; choose one of {sorted(OPTIMIZERS)}")
     for name in ("learning_rate", "muon_learning_rate"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name} must be > 0, got {getattr(args, name)}")
+        value = getattr(args, name)
+        if not 0 < value <= MAX_LEARNING_RATE:  # NaN fails every comparison
+            raise ValueError(f"--{name} must be > 0 and at most {MAX_LEARNING_RATE:g} (usual rates: 1e-4 to 0.05), "
+                             f"got {value}")
+    if not 0 <= args.muon_weight_decay < math.inf:
+        raise ValueError(f"--muon_weight_decay must be >= 0 and finite, got {args.muon_weight_decay}")
     for name in ("decay_ratio", "min_lr_ratio"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             raise ValueError(f"--{name} must be in [0, 1], got {getattr(args, name)}")

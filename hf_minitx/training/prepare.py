@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import uuid
@@ -16,6 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
 import torch
 from accelerate import Accelerator
 from datasets import DatasetDict
@@ -39,11 +41,13 @@ from ..folders import (
     check_apart,
     check_not_locked,
     check_output_folder,
+    describe_contents,
     lock_folder,
     move_files_into,
     output_path,
     read_marker,
     replace_folder,
+    unlock_folder,
     write_marker,
 )
 from ..models import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration
@@ -58,6 +62,7 @@ from .arguments import (
 )
 from .checkpoints import (
     INPUT_FILES,
+    RECIPE,
     check_checkpoint_files,
     check_compatible,
     check_same_inputs,
@@ -91,11 +96,13 @@ class RunPlan:
     checkpoint: Path | None = None
     resume_state: dict[str, Any] | None = None  # run_state.json of the checkpoint, read once
     claimed: str | None = None  # how claim_output_folder found output_dir: "missing", "empty", "replaced", "resumed"
+    made_folder: bool = False  # lock_output_folder created output_dir to hold its lock
 
     @cached_property
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must share with the run that resumes it, the local input files' fingerprints too."""
-        return {**run_identity(self.settings, self.data_args, self.train_args.seed), INPUT_FILES: fingerprint_inputs(self.data_args)}
+        return {**run_identity(self.settings, self.data_args, self.train_args.seed), INPUT_FILES: fingerprint_inputs(self.data_args),
+                RECIPE: optimizer_recipe(self.train_args)}
 
 
 class AlreadyComplete(Exception):
@@ -139,6 +146,21 @@ def run_identity(model_settings: dict[str, Any], data_args: DataArguments, seed:
         "sample_by": data_args.sample_by, "seed": seed, "validation_split": data_args.validation_split,
         "streaming": data_args.streaming,
     }
+
+
+RECIPE_FIELDS = ("optimizer", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
+                 "lr_scheduler_type", "warmup_steps", "max_grad_norm", "label_smoothing")
+RECIPE_FIELDS_OF = {"muon": ("muon_learning_rate", "muon_weight_decay", "muon_momentum"),
+                    "warmup_stable_decay": ("decay_ratio", "min_lr_ratio")}
+
+
+def optimizer_recipe(train_args: TrainArguments) -> dict[str, Any]:
+    """How the run optimizes (the optimizer, its rates and decays, the schedule): a resumed run loads these from
+    its checkpoint, so one that asks for others is refused (``check_compatible`` names the field) rather than
+    going on with the old ones without a word."""
+    names = [*RECIPE_FIELDS, *RECIPE_FIELDS_OF.get(train_args.optimizer, ()),
+             *RECIPE_FIELDS_OF.get(train_args.lr_scheduler_type, ())]
+    return {name: getattr(train_args, name) for name in names}
 
 
 def run_inputs(model_args: ModelArguments, data_args: DataArguments,
@@ -268,16 +290,15 @@ def check_training_arguments(train_args: TrainArguments) -> None:
         raise ValueError(f"--max_steps must be >= 1, got {train_args.max_steps}")
     if train_args.num_epochs is not None and not train_args.num_epochs > 0:
         raise ValueError(f"--num_epochs must be > 0 (or give --max_steps), got {train_args.num_epochs}")
-    if not train_args.learning_rate > 0:
-        raise ValueError(f"--learning_rate must be > 0, got {train_args.learning_rate}")
     for name in ("adam_beta1", "adam_beta2"):
         if not 0.0 <= getattr(train_args, name) < 1.0:
             raise ValueError(f"--{name} must be in [0, 1), got {getattr(train_args, name)}")
-    if not train_args.adam_epsilon > 0:
-        raise ValueError(f"--adam_epsilon must be > 0, got {train_args.adam_epsilon}")
-    for name in ("weight_decay", "max_grad_norm"):
-        if not getattr(train_args, name) >= 0:
-            raise ValueError(f"--{name} must be >= 0, got {getattr(train_args, name)}")
+    if not 0 < train_args.adam_epsilon < math.inf:
+        raise ValueError(f"--adam_epsilon must be > 0 and finite, got {train_args.adam_epsilon}")
+    for name in ("weight_decay", "max_grad_norm"):  # max_grad_norm inf: no clipping, like 0
+        if not getattr(train_args, name) >= 0 or (name == "weight_decay" and math.isinf(train_args.weight_decay)):
+            raise ValueError(f"--{name} must be >= 0{' and finite' if name == 'weight_decay' else ''}, got "
+                             f"{getattr(train_args, name)}")
     if not 0.0 <= train_args.label_smoothing < 1.0:
         raise ValueError(f"--label_smoothing must be in [0, 1), got {train_args.label_smoothing}")
     check_optimizer_arguments(train_args)
@@ -392,20 +413,79 @@ def effective_precision(accelerator: Accelerator) -> str:
 
 
 def load_training_corpus(plan: RunPlan) -> Any:
-    """The ``DatasetDict`` (train, validation) that ``--dataset`` names."""
+    """The ``DatasetDict`` (train, validation) that ``--dataset`` names; its layout is recorded in the run
+    identity and, resuming, must be the checkpoint's (``check_same_layout``)."""
     data_args = plan.data_args
-    return load_corpus(
+    corpus = load_corpus(
         data_args.dataset, task=data_args.task, dataset_config=data_args.dataset_config,
         text_column=data_args.text_column, source_column=data_args.source_column,
         target_column=data_args.target_column, validation_split=validation_split_value(data_args.validation_split),
         seed=plan.train_args.seed, num_examples=data_args.num_examples, sample_by=data_args.sample_by,
         streaming=data_args.streaming, skip_bad_rows=data_args.skip_bad_rows,
     )
+    if not data_args.streaming:
+        plan.identity[LAYOUT] = corpus_layout(corpus)
+        check_same_layout(plan)
+    return corpus
+
+
+LAYOUT = "corpus_layout"  # run identity key: rows of each split, characters of validation
+
+
+def corpus_layout(corpus: DatasetDict) -> dict[str, int]:
+    """How the corpus splits: the rows of train and validation and the characters of validation. Text edited in
+    place keeps it; records added or removed, or a text cut short, change which samples validation holds."""
+    columns = [c for c in ("text", "source", "target") if c in corpus["validation"].column_names]
+    chars = sum(int(pc.sum(pc.utf8_length(batch[c])).as_py() or 0) for batch in
+                corpus["validation"].with_format("arrow").iter(batch_size=10_000) for c in columns)
+    return {"train_rows": len(corpus["train"]), "validation_rows": len(corpus["validation"]), "validation_chars": chars}
+
+
+def check_same_layout(plan: RunPlan) -> None:
+    """A resumed run's corpus splits as its checkpoint's did (with --accept_changed_inputs too): otherwise text the
+    run trained on could now be in validation."""
+    stored = (plan.resume_state or {}).get(LAYOUT)
+    now = plan.identity[LAYOUT]
+    if not isinstance(stored, dict) or stored == now:
+        return
+    diff = "; ".join(f"{k}: checkpoint has {stored.get(k)}, now {now[k]}" for k in now if stored.get(k) != now[k])
+    raise ValueError(f"the corpus no longer splits as in checkpoint {plan.checkpoint} ({diff}): records were added "
+                     "or removed, or text was cut, so text the run trained on could now be validated on. Restore the "
+                     "input, or start a new run in another --output_dir")
+
+
+def launch_id() -> str:
+    """What names this launch's private files: the pid of a single process; the rendezvous port shared by the
+    processes of one ``accelerate launch`` (two launches on one host cannot share it)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("MASTER_PORT"):
+        return f"port{os.environ['MASTER_PORT']}"
+    return str(os.getpid())
 
 
 def tokenizer_staging(plan: RunPlan) -> Path:
-    """Where a freshly trained tokenizer waits (a hidden sibling of output_dir) until the folder is claimed."""
-    return plan.output_dir.with_name(f".{plan.output_dir.name}.tokenizer{PARTIAL_SUFFIX}")
+    """Where a freshly trained tokenizer waits (a hidden sibling of output_dir, private to this launch) until the
+    folder is claimed."""
+    return plan.output_dir.with_name(f".{plan.output_dir.name}.tokenizer-{launch_id()}{PARTIAL_SUFFIX}")
+
+
+def lock_output_folder(plan: RunPlan) -> None:
+    """Take output_dir's lock before any work (the launch's first process), so that a second run on the same
+    folder is refused before it reads data or trains a tokenizer. A folder made to hold the lock is noted:
+    ``release_unclaimed`` removes it when the run stops before claiming it."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    made = not plan.output_dir.exists()
+    lock_folder(plan.output_dir, command="train")  # a live writer refuses (and nothing is noted)
+    plan.made_folder = made
+
+
+def release_unclaimed(plan: RunPlan) -> None:
+    """After a failure before the folder was claimed: no staging folder is left, and a folder made only to hold
+    the lock is removed (its lock with it)."""
+    shutil.rmtree(tokenizer_staging(plan), ignore_errors=True)
+    if plan.claimed is None and plan.made_folder:
+        unlock_folder(plan.output_dir)
+        shutil.rmtree(plan.output_dir, ignore_errors=True)
 
 
 def get_tokenizer(plan: RunPlan, corpus: Any, accelerator: Accelerator) -> PreTrainedTokenizerBase:
@@ -440,7 +520,8 @@ def claim_output_folder(plan: RunPlan) -> str:
     empties (or creates) output_dir and marks it; a resumed run keeps it. Returns the run id."""
     if plan.checkpoint is None:
         folder = plan.output_dir
-        plan.claimed = "missing" if not folder.exists() else "replaced" if any(folder.iterdir()) else "empty"
+        plan.claimed = ("missing" if plan.made_folder or not folder.exists() else "replaced" if describe_contents(folder)
+                        else "empty")
         run_id = replace_folder(plan.output_dir, command="train")
     else:
         plan.claimed = "resumed"
@@ -460,7 +541,7 @@ def abandon_setup(plan: RunPlan | None) -> str:
     folder; a new run's marker and tokenizer), and say in one line what is left."""
     if plan is None:
         return "interrupted before training started; nothing was written"
-    shutil.rmtree(tokenizer_staging(plan), ignore_errors=True)
+    release_unclaimed(plan)
     folder = plan.output_dir
     if plan.claimed == "resumed":
         return f"interrupted before training resumed; the run in {folder} is as it was: resume it again"

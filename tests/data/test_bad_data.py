@@ -161,3 +161,64 @@ def test_a_one_line_file_is_read_in_bounded_pieces_that_tokenize_like_the_whole(
     longest, tokens, peak_mb = map(int, done.stdout.split())
     assert longest <= 2 * (1 << 20) and tokens > 1_000_000
     assert peak_mb < 1024, f"peak RSS {peak_mb} MB reading a 20 MB one-line file"
+
+
+def _write_rows(path: Path, texts: list) -> Path:
+    """``texts`` (None: a missing text) as a json, jsonl, csv or parquet file of one ``text`` column."""
+    import json
+
+    import pandas as pd
+
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    elif path.suffix == ".json":
+        path.write_text(json.dumps([{"text": t} for t in texts]))
+    elif path.suffix == ".csv":  # a missing text is an empty cell
+        pd.DataFrame({"id": range(len(texts)), "text": texts}).to_csv(path, index=False)
+    else:
+        pd.DataFrame({"text": texts}).to_parquet(path)
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl", ".csv", ".parquet"])
+def test_a_row_without_text_is_named_or_skipped_and_counted(tmp_path, capsys, suffix):
+    texts = [*TEXTS[:6], None, *TEXTS[6:]]  # the 7th row has no text
+    path = _write_rows(tmp_path / f"rows{suffix}", texts)
+    row = "data row 7" if suffix == ".csv" else "row 7"
+    with pytest.raises(ValueError, match=rf"rows{suffix}: {row} has no text .*--skip_bad_rows"):
+        load_corpus(str(path))
+    assert minitx(["train-tokenizer", "--dataset", str(path), "--output_dir", str(tmp_path / "tok")]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "split:" not in line]  # no progress
+    assert len(err) == 1 and f"{row} has no text" in err[0] and not (tmp_path / "tok").exists()
+    from hf_minitx.data.corpus import SKIPPED_ROWS
+
+    corpus = load_corpus(str(path), skip_bad_rows=True, validation_split=10)
+    assert len(corpus["train"]) + len(corpus["validation"]) == len(TEXTS)
+    assert SKIPPED_ROWS[f"{path} (train)"] == 1
+    assert all(t for split in corpus.values() for t in split["text"])
+
+
+def test_a_null_in_a_validation_file_is_named(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    _write_rows(folder / "train.jsonl", TEXTS)
+    _write_rows(folder / "validation.jsonl", [TEXTS[0], TEXTS[1], None])
+    with pytest.raises(ValueError, match=r"validation.jsonl: row 3 has no text"):
+        load_corpus(str(folder))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".jsonl"])
+def test_words_that_pandas_reads_as_missing_stay_text(tmp_path, suffix):
+    words = ["NA", "null", "nan", "None", "N/A", "#N/A", "NaN", "n/a", "NULL"]
+    path = _write_rows(tmp_path / f"words{suffix}", [*TEXTS[:10], *words])
+    corpus = load_corpus(str(path), validation_split=None)
+    assert corpus["train"]["text"][10:] == words
+
+
+def test_a_streamed_row_without_text_is_refused_or_skipped(tmp_path):
+    path = _write_rows(tmp_path / "rows.jsonl", [*TEXTS[:6], None, *TEXTS[6:]])
+    with pytest.raises(ValueError, match=r"a row of .*rows.jsonl.* has no text .*--skip_bad_rows"):
+        list(load_corpus(str(path), streaming=True, validation_split=10)["train"])
+    corpus = load_corpus(str(path), streaming=True, skip_bad_rows=True, validation_split=10)
+    texts = [row["text"] for split in corpus.values() for row in split]
+    assert len(texts) == len(TEXTS) and all(texts)

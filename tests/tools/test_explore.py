@@ -16,7 +16,7 @@ from conftest import tiny_causal, tiny_config, tiny_seq2seq
 from safetensors.torch import load_file
 
 from hf_minitx.cli import main as minitx
-from hf_minitx.folders import html_written_by_us
+from hf_minitx.folders import html_written_by_us, write_marker
 from hf_minitx.tools import explore
 
 TEXT = "5 9 7 4 12 6 15 8 3 11"
@@ -34,6 +34,16 @@ def _checkpoint(run: Path, step: int, model, *, safetensors: bool = False) -> Pa
         torch.save(model.state_dict(), folder / "pytorch_model.bin")
     (folder / "run_state.json").write_text(json.dumps({"step": step}))
     return folder
+
+
+def poison_weight(path: Path, name: str) -> None:
+    """Put one NaN into tensor ``name`` of a safetensors file."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(path))
+    assert name in weights, sorted(weights)
+    weights[name].view(-1)[0] = float("nan")
+    save_file(weights, str(path), metadata={"format": "pt"})
 
 
 @pytest.fixture
@@ -167,6 +177,15 @@ def test_six_layers_64_tokens_and_twelve_checkpoints_stay_under_5_mb(tmp_path):
     assert out.stat().st_size < 5_000_000, out.stat().st_size
 
 
+def test_a_resumed_runs_history_is_ordered_by_step(causal_run):
+    import shutil
+
+    shutil.copytree(causal_run / "checkpoint-20", causal_run / "checkpoint-40")  # resumed past the final (30)
+    (causal_run / "checkpoint-40" / "run_state.json").write_text(json.dumps({"step": 40}))
+    data = explore.explore_data(causal_run, TEXT, run=str(causal_run))
+    assert [view["step"] for view in data["snapshots"]] == [10, 20, 30, 40]
+
+
 def test_max_checkpoints_spreads_from_first_to_last():
     assert explore.spread(list(range(10)), 4) == [0, 3, 6, 9]
     assert explore.spread([1, 2], 5) == [1, 2]
@@ -174,7 +193,9 @@ def test_max_checkpoints_spreads_from_first_to_last():
 
 @pytest.mark.parametrize("case", ["not-a-model", "run-without-checkpoints", "text-too-long", "seq2seq-no-target",
                                   "target-for-decoder-only", "not-html", "another-models-run", "damaged-checkpoint",
-                                  "out-under-a-file", "empty-text", "run-not-a-folder", "no-model-folder"])
+                                  "out-under-a-file", "empty-text", "run-not-a-folder", "no-model-folder",
+                                  "nan-weight", "nan-checkpoint", "another-runs-history", "not-utf8-text",
+                                  "interrupted-run"])
 def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, capsys):
     out = tmp_path / "out" / "page.html"
     argv = ["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]
@@ -209,6 +230,26 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
         expected = "missing-run is not a folder"
     elif case == "no-model-folder":
         argv[2], expected = str(tmp_path / "missing-model"), "is not a model folder"
+    elif case == "another-runs-history":  # same shapes, another run: its checkpoints would mix in silently
+        other = tmp_path / "other"
+        _checkpoint(other, 5, tiny_causal())
+        write_marker(other, command="train", run_id="run-b")
+        write_marker(causal_run, command="train", run_id="run-a")
+        argv += ["--run", str(other)]
+        expected = "is run run-b, but --model"
+    elif case == "not-utf8-text":  # a byte the shell could not decode arrives as a lone surrogate
+        argv[4], expected = "5 9 \udcff 7", "is not valid Unicode text"
+    elif case == "interrupted-run":
+        interrupted = tmp_path / "interrupted"
+        _checkpoint(interrupted, 4, tiny_causal())
+        argv[2], expected = str(interrupted), "holds checkpoints but no final model"
+    elif case == "nan-weight":  # a run that diverged: its page would embed bare NaN (not JSON) and stay blank
+        poison_weight(causal_run / "model.safetensors", "model.decoder.layers.1.mlp.fc2.weight")
+        expected = "non-finite value(s) (NaN or inf) in model.decoder.layers.1.mlp.fc2.weight"
+    elif case == "nan-checkpoint":
+        poison_weight(causal_run / "checkpoint-20" / "model.safetensors", "model.decoder.layers.0.mlp.fc1.weight")
+        argv += ["--run", str(causal_run)]
+        expected = "checkpoint-20/model.safetensors holds 1 non-finite value(s) (NaN or inf) in model.decoder.layers.0.mlp.fc1"
     elif case == "target-for-decoder-only":
         argv += ["--target", "5 6"]
         expected = "--target is for encoder-decoder models"

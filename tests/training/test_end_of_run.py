@@ -33,6 +33,7 @@ from test_train import causal_args, records, seq2seq_args, text_file  # noqa: F4
 import hf_minitx.training.loop as loop
 from hf_minitx.cli import main as minitx
 from hf_minitx.data.corpus import REPLACED_BYTES, load_corpus, local_inputs
+from hf_minitx.folders import LOCK_FILE
 from hf_minitx.training.loop import main as train_main
 
 # 5 steps, a checkpoint every 2: the last one before the end is checkpoint-4.
@@ -115,6 +116,83 @@ def test_signal_during_the_final_save_completes_it(text_file, tmp_path, capsys):
     args = ["train", *causal_args(text_file, out, *FIVE, "--resume_from_checkpoint", "latest")]
     assert minitx(args) == 0  # the same command resumed: nothing left to do
     assert "already complete at step 5" in capsys.readouterr().out
+
+
+def test_a_second_ctrl_c_during_the_final_save_still_completes_it(text_file, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "run"  # no checkpoints: the final save is the only copy of the run
+    process = run_paused(["train", *causal_args(text_file, out, "--max_steps", "3")], "final-save")
+    assert any(line.strip() == "PAUSED" for line in iter(process.stdout.readline, ""))
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)  # the impatient second Ctrl-C
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "quitting now would lose the run" in stderr
+    assert (out / "model.safetensors").is_file() and (out / "training_summary.json").is_file()
+    assert partials(tmp_path) == [] and not (out / LOCK_FILE).exists()
+    assert minitx(["train", *causal_args(text_file, out, "--max_steps", "3", "--resume_from_checkpoint",
+                                         "latest")]) == 2  # nothing to resume: the run is complete
+    assert "holds no checkpoint-STEP folder" in capsys.readouterr().err
+
+
+FILL_THE_DISK = """
+import os, sys
+from pathlib import Path
+import hf_minitx.training.loop as loop
+real = loop.rotate_checkpoints
+def rotate_then_fill(output_dir, keep):
+    done = real(output_dir, keep)
+    if (Path(output_dir) / "checkpoint-4").is_dir():  # the disk is full from the last checkpoint on
+        with open(os.environ["TEST_FILLER"], "wb") as handle:
+            try:
+                while True:
+                    handle.write(b"x" * 65536)
+                    handle.flush()
+            except OSError:
+                pass
+    return done
+loop.rotate_checkpoints = rotate_then_fill
+from hf_minitx.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_really_full_disk_at_the_final_save_is_one_line_and_resumes(five_steps, text_file, tmp_path):  # noqa: F811
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root); the injected failures below stand in")
+    try:
+        out, filler = disk / "run", disk / "filler"
+        process = subprocess.run(
+            [sys.executable, "-c", FILL_THE_DISK, "train", *causal_args(text_file, out, *FIVE)], cwd=REPO, text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "TEST_FILLER": str(filler)}, capture_output=True, timeout=300)
+        assert process.returncode == 2, process.stderr
+        err = [line for line in process.stderr.strip().splitlines() if line.startswith("error:")]
+        assert len(err) == 1 and "No space left on device" in err[0] and f"{out / 'checkpoint-4'}, is intact" in err[0]
+        assert "Traceback" not in process.stderr and partials(disk) == [] and not (out / LOCK_FILE).exists()
+        filler.unlink()
+        train_main(causal_args(text_file, out, *FIVE, "--resume_from_checkpoint", "latest"))
+        assert_same_weights(five_steps, out)
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_a_safetensors_write_failure_is_one_line(text_file, tmp_path, monkeypatch, capsys):  # noqa: F811
+    from safetensors import SafetensorError
+
+    def full(*args, **kwargs):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No '
+                              'space left on device" })')
+
+    import transformers.modeling_utils
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+    out = tmp_path / "run"
+    assert minitx(["train", *causal_args(text_file, out, *FIVE)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left on device" in err[0] and f"{out / 'checkpoint-4'}, is intact" in err[0]
+    assert partials(tmp_path) == []
 
 
 def test_sigterm_during_startup_ends_in_one_line_and_leaves_nothing(tmp_path, text_file):  # noqa: F811
@@ -223,6 +301,59 @@ def test_a_file_listed_twice_or_matched_twice_is_read_once(tmp_path, caplog):
         assert twice["validation"]["text"] == once["validation"]["text"]
         assert sorted(map(str, local_inputs(spec))) == [str(folder / "a.txt"), str(folder / "b.txt")]
     assert "more than once" in caplog.text and "each file is read once" in caplog.text
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl"])
+def test_a_symlink_in_a_dataset_folder_is_read_once(tmp_path, caplog, suffix):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for name in ("a", "b"):
+        lines = [f"{name} line {i} of text" for i in range(40)]
+        (folder / f"{name}{suffix}").write_text("\n".join(lines if suffix == ".txt" else
+                                                          (json.dumps({"text": t}) for t in lines)) + "\n")
+    once = load_corpus(str(folder), validation_split=0.5)
+    (folder / f"link{suffix}").symlink_to(folder / f"a{suffix}")
+    twice = load_corpus(str(folder), validation_split=0.5)
+    assert twice["train"]["text"] == once["train"]["text"]
+    assert twice["validation"]["text"] == once["validation"]["text"]
+    assert "more than once" in caplog.text
+
+
+@pytest.mark.parametrize("extra, field", [
+    (["--learning_rate", "3e-4"], "recipe.learning_rate: checkpoint has 0.003, this run has 0.0003"),
+    (["--muon_learning_rate", "0.005"], "recipe.muon_learning_rate: checkpoint has 0.05, this run has 0.005"),
+    (["--optimizer", "adamw"], "recipe.optimizer: checkpoint has 'muon', this run has 'adamw'"),
+    (["--lr_scheduler_type", "linear"],
+     "recipe.lr_scheduler_type: checkpoint has 'warmup_stable_decay', this run has 'linear'"),
+])
+def test_resuming_with_another_recipe_is_refused_naming_the_field(
+        two_steps, text_file, tmp_path, capsys, extra, field):  # noqa: F811
+    run = tmp_path / "run"
+    shutil.copytree(two_steps, run)
+    args = ["train", *causal_args(text_file, run, "--max_steps", "4", "--resume_from_checkpoint", "latest", *extra)]
+    assert minitx(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0] and "a changed rate would not apply" in err[0], err
+    assert not (run / "checkpoint-4").exists()
+
+
+@pytest.mark.parametrize("edit", ["cut-the-end", "delete-records"])
+def test_accepted_changed_inputs_never_move_trained_text_into_validation(tmp_path, capsys, edit):
+    records_file = tmp_path / "corpus.jsonl"
+    texts = [f"record {i}: the quick brown fox jumps over the lazy dog {i % 7} times." for i in range(120)]
+    records_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "run"
+    args = ["train", *causal_args(records_file, out, "--max_steps", "2", "--checkpointing_steps", "2",
+                                  "--validation_split", "0.1")]
+    assert minitx(args) == 0
+    kept = texts[:100] if edit == "cut-the-end" else texts[::2]
+    records_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in kept))
+    capsys.readouterr()
+    resumed = [*args, "--max_steps", "4", "--resume_from_checkpoint", "latest", "--accept_changed_inputs"]
+    assert minitx(resumed) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no longer splits as in checkpoint" in err[0] and "train_rows" in err[0], err
+    assert not (out / "checkpoint-4").exists()
 
 
 # --- 3. exact streaming resume after a signal ----------------------------------------------------------------

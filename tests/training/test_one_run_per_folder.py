@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -176,3 +177,86 @@ def test_output_dir_dot_is_the_current_folder(tmp_path, text_file, monkeypatch, 
     assert "is the current folder" in err and "PosixPath" not in err and snapshot(here) == before
     with pytest.raises(FolderRefused, match="is the current folder"):
         check_output_folder(".", flag="--overwrite", overwrite=True, overwrite_any=True)
+
+
+WAIT_AFTER_DATA = """
+import os, sys, time
+import hf_minitx.training.loop as loop
+real = loop.load_training_corpus
+def waiting(plan):
+    corpus = real(plan)
+    print("PAUSED", flush=True)
+    while not os.path.exists(os.environ["TEST_GO"]):
+        time.sleep(0.1)
+    return corpus
+loop.load_training_corpus = waiting
+from hf_minitx.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_lock_is_taken_before_any_work_so_a_second_start_does_none(tmp_path, text_file):  # noqa: F811
+    out, go = tmp_path / "run", tmp_path / "go"
+    args = ["train", *causal_args(text_file, out, "--max_steps", "2")]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TEST_GO": str(go)}
+    first = subprocess.Popen([sys.executable, "-c", WAIT_AFTER_DATA, *args], cwd=REPO, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert any(line.strip() == "PAUSED" for line in iter(first.stdout.readline, ""))
+        second = subprocess.run([sys.executable, "-m", "hf_minitx", *args], cwd=REPO, env=env, text=True,
+                                capture_output=True, timeout=120)
+        assert second.returncode == 2 and f"pid {first.pid}" in second.stderr, second.stderr
+        assert "tokenizer" not in second.stdout  # refused before its own tokenizer (and data) work
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no staging folder of the second
+    finally:
+        go.touch()
+        _, stderr = first.communicate(timeout=120)
+    assert first.returncode == 0, stderr
+    assert (out / "training_summary.json").is_file() and (out / "tokenizer.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["go", "run"] and not (out / LOCK_FILE).exists()
+
+
+def test_two_starts_at_once_leave_one_run_and_its_own_tokenizer(tmp_path, text_file):  # noqa: F811
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    runs = []
+    for vocab in ("300", "320"):  # two different tokenizers: the folder must hold the winner's
+        runs.append(subprocess.Popen(
+            [sys.executable, "-m", "hf_minitx", "train", *causal_args(text_file, out, "--max_steps", "2",
+                                                                      "--tokenizer_vocab_size", vocab)],
+            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        time.sleep(0.2)
+    codes = [run.wait(timeout=300) for run in runs]
+    assert sorted(codes) == [0, 2], [run.stderr.read() for run in runs]
+    winner = ("300", "320")[codes.index(0)]
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == len(
+        json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]) == int(winner)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"] and not (out / LOCK_FILE).exists()
+
+
+@pytest.fixture
+def mount_point(tmp_path):
+    """An empty tmpfs mounted at tmp_path/volume (a folder that cannot be renamed, like a Docker volume)."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(volume)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield volume
+    subprocess.run(["umount", str(volume)], check=False)
+
+
+def test_an_output_folder_on_a_mount_point_is_written_inside(mount_point, tmp_path, text_file, capsys):  # noqa: F811
+    args = ["train", *causal_args(text_file, mount_point, "--max_steps", "1")]
+    assert minitx(args) == 0, capsys.readouterr().err  # the tokenizer staged beside it crosses file systems
+    assert (mount_point / "model.safetensors").is_file() and os.path.ismount(mount_point)
+    assert minitx([*args, "--overwrite_output_dir"]) == 0, capsys.readouterr().err  # emptied in place
+    assert (mount_point / "training_summary.json").is_file() and os.path.ismount(mount_point)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["volume"]  # nothing left beside it
+    tokenizer_args = ["train-tokenizer", "--dataset", str(text_file), "--vocab_size", "300", "--output_dir",
+                      str(mount_point), "--overwrite"]
+    for path in mount_point.iterdir():
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for _ in range(2):  # a new folder, then one replaced
+        assert minitx(tokenizer_args) == 0, capsys.readouterr().err
+        assert (mount_point / "tokenizer.json").is_file() and os.path.ismount(mount_point)
+    assert not [p for p in mount_point.iterdir() if ".partial" in p.name]

@@ -320,6 +320,13 @@ def test_overwrite_refuses_a_folder_holding_the_runs_own_inputs(tmp_path, text_f
     (["--tokenizer_vocab_size", "100"], "--tokenizer_vocab_size must be >= 260"),
     (["--eval_steps", "-1"], "--eval_steps must be >= 0"),
     (["--block_size", "1"], "--block_size must be >= 2"),
+    (["--learning_rate", "inf"], "--learning_rate must be > 0 and at most 10"),
+    (["--learning_rate", "nan"], "--learning_rate must be > 0 and at most 10"),
+    (["--learning_rate", "1000"], "--learning_rate must be > 0 and at most 10"),
+    (["--optimizer", "muon", "--muon_learning_rate", "nan"], "--muon_learning_rate must be > 0"),
+    (["--optimizer", "muon", "--muon_weight_decay", "-1"], "--muon_weight_decay must be >= 0 and finite"),
+    (["--weight_decay", "inf"], "--weight_decay must be >= 0 and finite"),
+    (["--adam_epsilon", "nan"], "--adam_epsilon must be > 0 and finite"),
 ])
 def test_bad_counts_are_refused_before_any_work(tmp_path, text_file, capsys, extra, message):  # noqa: F811
     out = tmp_path / "run"

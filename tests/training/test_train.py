@@ -105,6 +105,16 @@ def test_causal_lm_loss_falls_and_records_metrics(causal_run):
     # bits per byte: nats -> bits, per UTF-8 byte; a ~300-token BPE covers ~3-4 bytes per token
     bits_per_token = final["eval_loss"] / torch.log(torch.tensor(2.0)).item()
     assert 1.5 < bits_per_token / final["eval_bits_per_byte"] < 8
+    assert "warning" not in json.loads((causal_run / "training_summary.json").read_text())  # it learned
+
+
+def test_a_run_that_ends_at_chance_says_so_in_its_summary_and_last_line(text_file, tmp_path, capsys):
+    out = tmp_path / "dead"
+    main(causal_args(text_file, out, "--max_steps", "1", "--learning_rate", "1e-6"))  # nothing learned
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert last == summary["warning"] and last.startswith("warning: the final evaluation is at chance")
+    assert summary["final_metrics"]["eval_perplexity"] > 150 and "-token vocabulary" in last
 
 
 @pytest.mark.slow
@@ -290,7 +300,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(text_file, tmp
 
     monkeypatch.setattr(loss_module, "sequence_cross_entropy", poisoned)
     out = tmp_path / "nan"
-    with pytest.raises(NonFiniteLossError, match="step 5.*checkpoint-4"):
+    with pytest.raises(NonFiniteLossError, match="step 5.*checkpoint-4.*start again with --overwrite_output_dir"):
         main(causal_args(text_file, out, "--max_steps", "8", "--checkpointing_steps", "2",
                          "--save_total_limit", "5"))
     assert (out / "checkpoint-4").is_dir() and not (out / "checkpoint-6").exists()
