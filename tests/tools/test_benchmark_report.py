@@ -104,11 +104,15 @@ def test_the_command_rewrites_the_page_and_the_readme_and_writes_neither_when_on
     benchmark_report.main(paths)
     assert render_page(results()) in page.read_text() and page.read_text().endswith("\nprose\n")
     assert render_headline(results()) in readme.read_text() and "stale" not in readme.read_text()
+    (tmp_path / "list.json").write_text("[]")
     with pytest.raises(ValueError, match="no benchmark results"):
-        read_result(page.with_suffix(".json").write_text("[]") and page.with_suffix(".json"))
+        read_result(tmp_path / "list.json")
 
 
 def test_the_committed_page_and_readme_headline_are_what_the_committed_json_renders():
+    if not COMMITTED_JSON.is_file():
+        pytest.skip("no docs/benchmark.json yet: write it with `minitx benchmark --json docs/benchmark.json`, "
+                    "then run `minitx benchmark-report`")
     result = read_result(COMMITTED_JSON)
     for path, block, body in ((ROOT / "docs" / "performance.md", PAGE_BLOCK, render_page(result)),
                               (ROOT / "README.md", HEADLINE_BLOCK, render_headline(result))):
