@@ -21,7 +21,9 @@ from pathlib import Path
 
 from .benchmark import format_table
 from .data_prep_bench import format_data_prep
+from .quality_bench import format_quality
 
+RESULTS_FOLDER = "docs/benchmark"  # the committed benchmark JSON files the docs are rendered from
 PAGE_BLOCK = "tables"
 HEADLINE_BLOCK = "headline"
 # (workload, hf_minitx's implementation, what the row measures), in the headline's order
@@ -57,6 +59,8 @@ def describe_run(result: dict) -> str:
     machine = result["machine"]
     hardware = machine.get("gpu") or machine["cpu"]
     threads = machine.get("torch_threads")
+    if "workloads" not in result and "quality" in result:  # a quality run: each side's threads, not the speed's
+        threads = result["quality"]["settings"].get("num_threads") or threads
     versions = ", ".join(f"{name} {machine[name]}" for name in ("python", "torch", "transformers", "hf_minitx")
                          if machine.get(name))
     return (f"`{result.get('command', 'minitx benchmark')}` on {machine.get('date', 'an unrecorded date')}: "
@@ -74,23 +78,6 @@ def format_shape(result: dict) -> str:
             f"{shape['new_tokens']} new tokens; medians of {settings.get('rounds', '?')} rounds.")
 
 
-def _figure(values: dict, key: str, digits: int) -> str:
-    value = values.get(key)
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def format_quality_table(quality: dict) -> str:
-    """Markdown: per corpus, the wall time, both sides' bits/byte, steps and tokens/s, and the ratio ours / reference."""
-    seconds = quality["settings"]["seconds"]
-    lines = ["| corpus | seconds per side | GPT-2, nanoGPT recipe: bits/byte | steps | tokens/s | hf_minitx default: "
-             "bits/byte | steps | tokens/s | ratio (lower is better) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for corpus, figures in quality["corpora"].items():
-        cells = [f"{_figure(side, 'bits_per_byte', 3)} | {side.get('steps', '-')} | {_figure(side, 'tokens_per_second', 0)}"
-                 for side in (figures["reference"], figures["ours"])]
-        lines.append(f"| `{corpus}` | {seconds:g} | {cells[0]} | {cells[1]} | {figures['ratio']:.3f}x |")
-    return "\n".join(lines)
-
-
 def render_page(result: dict) -> str:
     """The generated part of docs/performance.md: the run's description, then each section's table."""
     parts = ["Measured by " + describe_run(result)]
@@ -99,9 +86,10 @@ def render_page(result: dict) -> str:
                   "reference of each workload (higher is faster); peak memory of two training steps.",
                   format_table(result)]
     if "quality" in result:
-        parts += ["### Quality at equal wall time", "Bits per byte of the whole validation text after the same "
-                  "wall time for both sides, trained at the same time (lower is better).",
-                  format_quality_table(result["quality"])]
+        threads = result["quality"]["settings"].get("num_threads") or result["quality"]["settings"].get("threads")
+        parts += [f"### Quality at equal wall time, {result['quality']['settings']['seconds']:g} s",
+                  "Bits per byte of the whole validation text after the same wall time for both sides, each alone "
+                  f"on {threads} threads, one after the other (lower is better).", format_quality(result["quality"])]
     if "data_preparation" in result:
         parts += ["### Data preparation", format_data_prep(result["data_preparation"])]
     return "\n\n".join(parts)
@@ -129,22 +117,38 @@ def headline_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
     return rows
 
 
-def render_headline(result: dict) -> str:
-    """The README's headline table, with the machine and the date under it."""
+def render_headline(results: dict | list[dict]) -> str:
+    """The README's headline table from one or several runs, with each run's machine and date under it."""
+    results = [results] if isinstance(results, dict) else results
     lines = ["| measure | hf_minitx | reference | ratio | command |", "|---|---:|---:|---:|---|"]
-    lines += ["| " + " | ".join(row) + " |" for row in headline_rows(result)]
-    return "\n".join(lines) + "\n\nMeasured by " + describe_run(result)
+    lines += ["| " + " | ".join(row) + " |" for result in results for row in headline_rows(result)]
+    return "\n".join(lines) + "".join("\n\nMeasured by " + describe_run(result) for result in results)
+
+
+def render_pages(results: list[dict]) -> str:
+    """The generated part of docs/performance.md from several runs, one after the other."""
+    return "\n\n".join(render_page(result) for result in results)
 
 
 @dataclass
 class ReportArguments:
     """`minitx benchmark-report`: rewrite the generated parts of the docs from a benchmark JSON."""
 
-    json: str = field(default="docs/benchmark.json", metadata={"help": "the file `minitx benchmark --json` wrote"})
+    json: list[str] = field(default_factory=lambda: [RESULTS_FOLDER], metadata={
+        "help": "files `minitx benchmark --json` wrote, or folders whose *.json files are read in name order"})
     page: str = field(default="docs/performance.md", metadata={
         "help": "the Performance page: its part between the 'tables' markers is rewritten"})
     readme: str = field(default="README.md", metadata={
         "help": "the README: its part between the 'headline' markers is rewritten"})
+
+
+def read_results(paths: Sequence[str | Path]) -> list[dict]:
+    """Every benchmark JSON the paths name (a folder: its *.json files in name order)."""
+    files = [f for p in map(Path, paths) for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+    if not files:
+        raise FileNotFoundError(f"--json {' '.join(map(str, paths))}: no benchmark JSON there; write one with "
+                                "`minitx benchmark --json FILE`")
+    return [read_result(f) for f in files]
 
 
 def read_result(path: str | Path) -> dict:
@@ -167,9 +171,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     (args,) = parse_arguments([ReportArguments], argv, prog="minitx benchmark-report", description=(
         "Render docs/performance.md's tables and README.md's headline table from `minitx benchmark --json`."))
-    result = read_result(args.json)
-    updates = [(Path(args.page), PAGE_BLOCK, render_page(result)),
-               (Path(args.readme), HEADLINE_BLOCK, render_headline(result))]
+    results = read_results(args.json)
+    updates = [(Path(args.page), PAGE_BLOCK, render_pages(results)),
+               (Path(args.readme), HEADLINE_BLOCK, render_headline(results))]
     new_texts = {}
     for path, block, body in updates:  # every file checked before any is written
         if not path.is_file():
@@ -180,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise ValueError(f"{path}: {error}") from None
     for path, text in new_texts.items():
         path.write_text(text, encoding="utf-8")
-        print(f"rewrote the generated part of {path} from {args.json}")
+        print(f"rewrote the generated part of {path} from {' '.join(args.json)}")
 
 
-__all__ = ["render_page", "render_headline", "headline_rows", "replace_block", "describe_run", "read_result", "main"]
+__all__ = ["render_page", "render_pages", "render_headline", "read_results", "headline_rows", "replace_block", "describe_run", "read_result", "main"]

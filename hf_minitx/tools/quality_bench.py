@@ -331,18 +331,22 @@ def run_quality(settings: QualitySettings, log=print, work: Path | None = None) 
     return results
 
 
-def format_quality(result: dict[str, Any]) -> str:
-    """A Markdown table: each side's bits per byte, steps and tokens per second, and the ratio, per corpus."""
-    seconds = result["settings"]["seconds"]
-    lines = [f"| corpus ({seconds:g} s each, {result['settings'].get('num_threads', '?')} threads) | GPT-2, nanoGPT "
-             "recipe: bits/byte (steps, tokens/s) | hf_minitx `minitx train --max_minutes`: bits/byte (steps, "
-             "tokens/s) | ratio |", "|---|---:|---:|---:|"]
-    for corpus, figures in result["corpora"].items():
-        ref, ours = figures["reference"], figures["ours"]
-        lines.append(f"| {corpus} | {ref['bits_per_byte']:.3f} ({ref['steps']}, {ref['tokens_per_second']:.0f}) | "
-                     f"{ours['bits_per_byte']:.3f} ({ours['steps']}, {ours['tokens_per_second']:.0f}) | "
-                     f"**{figures['ratio']:.3f}×** |")
+def format_quality(quality: dict[str, Any]) -> str:
+    """Markdown: per corpus, the wall time, both sides' bits/byte, steps and tokens/s, and the ratio ours / reference."""
+    seconds = quality["settings"]["seconds"]
+    lines = ["| corpus | seconds per side | GPT-2, nanoGPT recipe: bits/byte | steps | tokens/s | hf_minitx, `minitx "
+             "train --max_minutes`: bits/byte | steps | tokens/s | ratio (lower is better) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for corpus, figures in quality["corpora"].items():
+        cells = [f"{_figure(side, 'bits_per_byte', 3)} | {side.get('steps', '-')} | {_figure(side, 'tokens_per_second', 0)}"
+                 for side in (figures["reference"], figures["ours"])]
+        lines.append(f"| `{corpus}` | {seconds:g} | {cells[0]} | {cells[1]} | {figures['ratio']:.3f}x |")
     return "\n".join(lines)
+
+
+def _figure(values: dict[str, Any], key: str, digits: int) -> str:
+    value = values.get(key)
+    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def plot_curves(result: dict[str, Any], path: Path) -> Path:

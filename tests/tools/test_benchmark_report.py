@@ -12,13 +12,15 @@ from hf_minitx.tools.benchmark_report import (
     HEADLINE_BLOCK,
     PAGE_BLOCK,
     read_result,
+    read_results,
     render_headline,
     render_page,
+    render_pages,
     replace_block,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED_JSON = ROOT / "docs" / "benchmark.json"
+COMMITTED_RESULTS = ROOT / "docs" / "benchmark"
 
 
 def results(quality: bool = True) -> dict:
@@ -110,12 +112,28 @@ def test_the_command_rewrites_the_page_and_the_readme_and_writes_neither_when_on
 
 
 def test_the_committed_page_and_readme_headline_are_what_the_committed_json_renders():
-    if not COMMITTED_JSON.is_file():
-        pytest.skip("no docs/benchmark.json yet: write it with `minitx benchmark --json docs/benchmark.json`, "
-                    "then run `minitx benchmark-report`")
-    result = read_result(COMMITTED_JSON)
-    for path, block, body in ((ROOT / "docs" / "performance.md", PAGE_BLOCK, render_page(result)),
-                              (ROOT / "README.md", HEADLINE_BLOCK, render_headline(result))):
+    results = read_results([COMMITTED_RESULTS])
+    assert results, "docs/benchmark/ holds the benchmark JSON the docs are rendered from"
+    for path, block, body in ((ROOT / "docs" / "performance.md", PAGE_BLOCK, render_pages(results)),
+                              (ROOT / "README.md", HEADLINE_BLOCK, render_headline(results))):
         text = path.read_text(encoding="utf-8")
         assert replace_block(text, block, body) == text, (
-            f"{path.name} differs from what docs/benchmark.json renders: run `minitx benchmark-report`")
+            f"{path.name} differs from what docs/benchmark/*.json renders: run `minitx benchmark-report`")
+
+
+def test_several_runs_render_one_after_the_other_each_with_its_machine(tmp_path):
+    speed, quality = results(quality=False), results()
+    quality.pop("workloads")
+    quality["command"] = "minitx benchmark --quality_only"
+    quality["quality"]["settings"]["num_threads"] = 2
+    for name, result in (("1-speed.json", speed), ("2-quality.json", quality)):
+        (tmp_path / name).write_text(json.dumps(result))
+    loaded = read_results([tmp_path])
+    assert [r["command"] for r in loaded] == ["minitx benchmark --quick --no_quality", "minitx benchmark --quality_only"]
+    headline = render_headline(loaded)
+    assert headline.count("Measured by") == 2 and "2 torch threads" in headline  # the quality run's own threads
+    assert "| 0.800x | `minitx benchmark --quality_only` |" in headline
+    page = render_pages(loaded)
+    assert page.index("### Speed") < page.index("### Quality at equal wall time, 30 s") and "on 2 threads" in page
+    with pytest.raises(FileNotFoundError, match="no benchmark JSON there"):
+        read_results([tmp_path / "empty"])

@@ -133,12 +133,12 @@ def test_the_reference_loop_takes_random_windows_and_keeps_snapshots_along_the_t
 
 
 def test_the_table_and_the_curves_come_from_the_results(tmp_path):
-    side = {"bits_per_byte": 2.0, "steps": 10, "tokens_per_second": 100.0,
+    side = {"bits_per_byte": 2.0, "steps": 10, "tokens_per_second": 1100.0,
             "curve": [{"seconds": 1.0, "bits_per_byte": 3.0}, {"seconds": 2.0, "bits_per_byte": 2.0}]}
     result = {"settings": {"seconds": 60, "num_threads": 2}, "corpora": {
         "builtin:kjv": {"reference": side, "ours": {**side, "bits_per_byte": 1.6, "steps": 20}, "ratio": 0.8}}}
     table = format_quality(result)
-    assert "| builtin:kjv | 2.000 (10, 100) | 1.600 (20, 100) | **0.800×** |" in table
+    assert "| `builtin:kjv` | 60 | 2.000 | 10 | 1,100 | 1.600 | 20 | 1,100 | 0.800x |" in table
     png = plot_curves(result, tmp_path / "curves.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
