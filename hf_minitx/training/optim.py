@@ -80,7 +80,7 @@ class Muon(torch.optim.Muon):
     ``grad + mu * (buf - grad)``, five Newton-Schulz iterations that replace the update by the nearest
     semi-orthogonal matrix (all its singular values near 1), then ``p -= lr * sqrt(max(1, rows / cols)) * update``
     after decoupled weight decay. torch runs the iterations in bfloat16, which is fast on GPUs but 20-40x slower
-    than float32 on CPUs without bfloat16 units (measured at width 128: README, "Muon's cost on a CPU"); off the
+    than float32 on CPUs without bfloat16 units (measured at width 128: docs/training.md, "Muon's cost on a CPU"); off the
     CPU this class is torch's Muon unchanged.
     """
 
