@@ -45,7 +45,7 @@ def test_prompt_lookup_gives_greedy_tokens_in_fewer_forwards(trained, kind):
     plain, plain_calls = generate_counting(model, **inputs(kind), **GREEDY)
     looked_up, calls = generate_counting(model, **inputs(kind), prompt_lookup_num_tokens=4, **GREEDY)
     assert looked_up == plain
-    assert plain_calls == GREEDY["max_new_tokens"] and calls < plain_calls // 2  # drafts accepted several at a time
+    assert plain_calls == GREEDY["max_new_tokens"] and calls <= plain_calls // 2  # drafts accepted several at a time
 
 
 @pytest.mark.parametrize("kind", BUILDERS)
