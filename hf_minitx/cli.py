@@ -49,6 +49,8 @@ SUBCOMMANDS = (
     Subcommand("train-tokenizer", "train a byte-level BPE tokenizer on a corpus", "hf_minitx.data.tokenizer"),
     Subcommand("push", "upload a model folder to the Hub, or stage and check it with --dry_run",
                "hf_minitx.hub.push"),
+    Subcommand("export", "a decoder-only model as a stock Qwen3, Llama or GPT-2 folder, or as a GGUF file",
+               "hf_minitx.hub.export"),
     Subcommand("visualize", "draw attention, positions, masks, parameters or training curves",
                "hf_minitx.tools.visualize"),
     Subcommand("explore", "one self-contained HTML page: tokens, attention, predictions, checkpoints, the model",

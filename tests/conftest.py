@@ -66,6 +66,27 @@ def random_ids(batch: int, length: int, seed: int = 0, vocab: int = 64) -> torch
     return torch.randint(3, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
+PERIOD = (5, 9, 14, 22, 31, 40, 47)  # the repeating token pattern `train_on_pattern` teaches
+
+
+def train_on_pattern(model, steps: int = 150):
+    """Train `model` (about a second for a tiny one) to continue PERIOD, so that its greedy tokens have clear
+    margins: rounding cannot flip them, and draft tokens that follow the pattern get accepted. Returns it in eval
+    mode. A seq2seq model learns to write the pattern whatever the source."""
+    sequence = torch.tensor(PERIOD * 6)  # (42,)
+    batch = torch.stack([sequence[s:s + 32] for s in torch.arange(8) % len(PERIOD)])  # (8, 32)
+    inputs = {"input_ids": batch[:, :8], "labels": batch} if model.config.is_encoder_decoder else {
+        "input_ids": batch, "labels": batch}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        loss = model(**inputs).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
 # Run the training, and SIGKILL the process right after its first checkpoint is complete (kill -9).
 KILL_AFTER_FIRST_CHECKPOINT = """
 import os, signal, sys

@@ -151,6 +151,7 @@ def test_rotary_generation_past_the_trained_context_is_refused_in_the_cli_and_wa
                           intermediate_size=64, max_position_embeddings=16, position_embedding_type="rope",
                           pad_token_id=0, bos_token_id=1, eos_token_id=2)
     folder = _save(MiniTxForCausalLM(config), tokenizer, tmp_path / "rotary")
+    capsys.readouterr()  # the save's progress bar
     assert minitx(["generate", "--model", str(folder), "--prompt", "the cat", "--max_new_tokens", "100000"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "max_new_tokens=100000 does not fit: the model has 16 positions (rope)" in err[0]

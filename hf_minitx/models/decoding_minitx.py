@@ -49,6 +49,14 @@ class GenerationWeight(NamedTuple):
     by_input: torch.Tensor | None
 
 
+def decode_layout_applies(linear: nn.Module) -> bool:
+    """Whether `generation_weight` may copy `linear`: a plain `nn.Linear` without hooks (PEFT and accelerate wrap
+    theirs) whose weight is a dense tensor. A quantized weight (a tensor subclass, as torchao's int8) keeps its own
+    call: copying it would expand it back to full precision or fail."""
+    return (type(linear) is nn.Linear and not linear._forward_hooks and not linear._forward_pre_hooks
+            and type(linear.weight) is nn.Parameter and type(linear.weight.data) is torch.Tensor)
+
+
 def generation_weight(linears: tuple[nn.Linear, ...], parts: int = 1) -> GenerationWeight | None:
     """One weight for `linears` (their outputs concatenated), laid out for the products of decoding.
 
@@ -57,10 +65,10 @@ def generation_weight(linears: tuple[nn.Linear, ...], parts: int = 1) -> Generat
     out / parts). The matrix-vector product then streams rows of outputs instead of taking one short dot product
     per output, and a batched product gives each thread its own part (BLAS runs a single matrix-vector product
     on one thread): about 1.6x faster than the stored layout over the benchmark's weights on 2 cores, same
-    values. A single weight is otherwise not copied. None where a linear is not a plain `nn.Linear` without
-    hooks (PEFT, accelerate): those keep their own call.
+    values. A single weight is otherwise not copied. None where the decode layout does not apply
+    (`decode_layout_applies`): those linears keep their own call.
     """
-    if any(type(p) is not nn.Linear or p._forward_hooks or p._forward_pre_hooks for p in linears):
+    if not all(map(decode_layout_applies, linears)):
         return None
     weights = [p.weight.detach() for p in linears]
     weight = torch.cat(weights) if len(weights) > 1 else weights[0]  # (out, in)
@@ -336,6 +344,7 @@ def decode_step_inputs(
 
 
 __all__ = [
+    "decode_layout_applies",
     "CACHE_NAME", "DECODE_LAYOUT_MIN_NEW_TOKENS", "GenerationWeight", "MiniTxGrowingLayer", "cache_argument",
     "decode_step_inputs", "decode_step_padding", "forget_generation", "generate_in_decode_layout",
     "generation_weight", "grow_in_place", "project", "project_query_key_value", "project_with",

@@ -1,0 +1,291 @@
+"""`minitx export`: a decoder-only MiniTx folder as a stock transformers architecture (Qwen3, Llama, GPT-2) or GGUF.
+
+The building blocks map one to one: Qwen3 is pre-norm RMSNorm, a SwiGLU feed-forward, rotary positions (the
+half-split rotation, as ours) and per-head QK-norm before the rotation; Llama is the same without QK-norm;
+GPT-2 is pre-norm LayerNorm, learned positions and a plain feed-forward, its linear maps stored transposed
+(`Conv1D`, (in, out)). A config that does not map is refused with one line per field, naming the change that
+makes it map. The exported folder loads with `AutoModelForCausalLM.from_pretrained(out)` without
+`trust_remote_code` and without hf_minitx; its logits are checked against ours before it is written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedModel
+
+from ..folders import check_output_folder, write_folder, write_marker
+
+STOCK_TARGETS = ("qwen3", "llama", "gpt2")
+TARGETS = (*STOCK_TARGETS, "gguf")
+NAMES = {"qwen3": "Qwen3", "llama": "Llama", "gpt2": "GPT-2"}
+GPT2_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "relu2": "relu2"}  # ours -> transformers' ACT2FN name
+CHECK_TOLERANCE = 1e-4  # largest |logit difference| / max(1, largest |logit|) accepted by the export's own check
+
+
+class ExportRefused(ValueError):
+    """A model whose config does not map onto the target; the message has one line per field."""
+
+
+def override(field_name: str, value: object) -> str:
+    """The training flag that sets one config field."""
+    return f"train with --config_overrides {field_name}={str(value).lower() if isinstance(value, bool) else value}"
+
+
+def _field_problems(config: PretrainedConfig, target: str) -> list[tuple[str, object, str]]:
+    """(field, value, why and how) for each field of `config` that the target's architecture cannot express."""
+    name, rotary = NAMES[target], target in ("qwen3", "llama")
+    wanted: list[tuple[str, object, str]] = [("norm_position", "pre", f"{name} normalises before each sub-layer")]
+    if rotary:
+        wanted += [("position_embedding_type", "rope", f"{name} uses rotary positions"),
+                   ("norm_type", "rmsnorm", f"{name} uses RMSNorm"),
+                   ("hidden_act", "swiglu", f"{name} uses swiglu"),
+                   ("qk_norm", target == "qwen3", "Qwen3 normalises queries and keys" if target == "qwen3"
+                    else "Llama has no QK-norm (export with --to qwen3)")]
+    else:
+        wanted += [("norm_type", "layernorm", "GPT-2 uses LayerNorm"),
+                   ("qk_norm", False, "GPT-2 has no QK-norm")]
+    if target == "qwen3":
+        wanted.append(("attention_bias", False, "Qwen3's feed-forward has no biases (export with --to llama)"))
+    wanted.append(("final_logit_softcap", None, f"{name} does not cap its logits"))
+    problems = [(key, getattr(config, key), f"{why}; {override(key, value)}")
+                for key, value, why in wanted if getattr(config, key) != value]
+    if target == "gpt2" and config.position_embedding_type == "rope":
+        problems.append(("position_embedding_type", "rope",
+                         "GPT-2 adds a position table; " + override("position_embedding_type", "learned")))
+    if target == "gpt2" and config.hidden_act not in GPT2_ACTIVATIONS:
+        problems.append(("hidden_act", config.hidden_act, "GPT-2 has no gated feed-forward; "
+                         + override("hidden_act", "gelu")))
+    if config.scale_embeddings and config.tie_word_embeddings:
+        problems.append(("scale_embeddings", True, f"{name} does not scale embeddings, and with a tied head the scale "
+                         "cannot be folded into them; " + override("scale_embeddings", False)))
+    return problems
+
+
+def mapping_problems(config: PretrainedConfig, target: str) -> list[str]:
+    """One line per field of a MiniTx `config` that keeps it from mapping onto `target` (empty: it maps)."""
+    if target not in STOCK_TARGETS:
+        raise ValueError(f"--to {target!r} is not a stock architecture; choose one of {', '.join(STOCK_TARGETS)}")
+    if config.is_encoder_decoder:
+        return [f"is_encoder_decoder true: {NAMES[target]} is decoder-only; export a model trained with --task causal-lm"]
+    return [f"{key} {str(value).lower() if isinstance(value, bool) else value}: {how}"
+            for key, value, how in _field_problems(config, target)]
+
+
+def check_maps(config: PretrainedConfig, target: str) -> None:
+    """Refuse a config that does not map onto `target`: ExportRefused, one line per field."""
+    problems = mapping_problems(config, target)
+    if problems:
+        raise ExportRefused(f"the model does not map onto {NAMES[target]}:\n" + "\n".join(problems))
+
+
+def stock_config(config: PretrainedConfig, target: str) -> PretrainedConfig:
+    """The transformers config of `target` that describes the same network as the MiniTx `config`."""
+    ids = {key: getattr(config, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    common = dict(vocab_size=config.vocab_size, tie_word_embeddings=config.tie_word_embeddings, **ids)
+    if target == "gpt2":
+        return AutoConfig.for_model(
+            "gpt2", n_embd=config.hidden_size, n_layer=config.num_hidden_layers, n_head=config.num_attention_heads,
+            n_inner=config.intermediate_size, n_positions=config.max_position_embeddings,
+            activation_function=GPT2_ACTIVATIONS[config.hidden_act], layer_norm_epsilon=config.layer_norm_eps,
+            resid_pdrop=config.hidden_dropout, embd_pdrop=config.hidden_dropout, attn_pdrop=config.attention_dropout,
+            initializer_range=config.initializer_range, **common)
+    extra = {"mlp_bias": config.attention_bias} if target == "llama" else {}
+    return AutoConfig.for_model(
+        target, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim, hidden_act="silu",
+        max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.layer_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_theta)},
+        attention_bias=config.attention_bias, attention_dropout=config.attention_dropout,
+        initializer_range=config.initializer_range, **extra, **common)
+
+
+def _embeddings(model: PreTrainedModel) -> torch.Tensor:
+    """(vocab, hidden) token embeddings with the model's embedding scale folded in (untied heads only)."""
+    decoder = model.model.decoder
+    return decoder.embed_tokens.weight.detach() * decoder.embed_scale
+
+
+def _rotary_state_dict(model: PreTrainedModel, target: str) -> dict[str, torch.Tensor]:
+    """Qwen3/Llama weight names -> our tensors (the SwiGLU's fc1 is `up_proj`, gate_proj the gate, fc2 `down_proj`)."""
+    decoder, out = model.model.decoder, {}
+    for index, layer in enumerate(decoder.layers):
+        prefix, attention = f"model.layers.{index}.", layer.self_attn
+        pieces = {"self_attn.q_proj": attention.q_proj, "self_attn.k_proj": attention.k_proj,
+                  "self_attn.v_proj": attention.v_proj, "self_attn.o_proj": attention.o_proj,
+                  "mlp.gate_proj": layer.mlp.gate_proj, "mlp.up_proj": layer.mlp.fc1, "mlp.down_proj": layer.mlp.fc2,
+                  "input_layernorm": layer.self_attn_layer_norm, "post_attention_layernorm": layer.mlp_layer_norm}
+        if target == "qwen3":
+            pieces |= {"self_attn.q_norm": attention.q_norm, "self_attn.k_norm": attention.k_norm}
+        for name, module in pieces.items():
+            out |= {f"{prefix}{name}.{key}": value for key, value in module.state_dict().items()}
+    out["model.norm.weight"] = decoder.norm.weight
+    out["model.embed_tokens.weight"] = _embeddings(model)
+    return out
+
+
+def _conv1d(linear: torch.nn.Linear, size: int | None = None) -> dict[str, torch.Tensor]:
+    """A Linear as GPT-2's Conv1D: weight (in, out), and a bias (zeros where the Linear has none)."""
+    bias = linear.bias.detach() if linear.bias is not None else torch.zeros(size or linear.out_features)
+    return {"weight": linear.weight.detach().t().contiguous(), "bias": bias}
+
+
+def _repeat_heads(weight: torch.Tensor, groups: int, head_dim: int) -> torch.Tensor:
+    """(kv_heads * head_dim, ...) key or value rows, each head repeated for its `groups` query heads (as GQA reads)."""
+    return weight.unflatten(0, (-1, head_dim)).repeat_interleave(groups, dim=0).flatten(0, 1)
+
+
+def _gpt2_attention(attention: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """GPT-2's fused c_attn (in, 3 * hidden) and c_proj; grouped key/value heads are repeated per query head."""
+    groups, head_dim = attention.num_key_value_groups, attention.head_dim
+    parts = []
+    for linear, repeat in ((attention.q_proj, 1), (attention.k_proj, groups), (attention.v_proj, groups)):
+        bias = linear.bias.detach() if linear.bias is not None else torch.zeros(linear.out_features)
+        parts.append((_repeat_heads(linear.weight.detach(), repeat, head_dim), _repeat_heads(bias, repeat, head_dim)))
+    weight, bias = torch.cat([w for w, _ in parts]), torch.cat([b for _, b in parts])  # (3 * hidden, in), (3 * hidden,)
+    fused = {"c_attn.weight": weight.t().contiguous(), "c_attn.bias": bias}
+    return fused | {f"c_proj.{key}": value for key, value in _conv1d(attention.o_proj).items()}
+
+
+def _gpt2_state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """GPT-2 weight names -> our tensors; the sinusoidal table becomes the (fixed) position table `wpe`."""
+    decoder, out = model.model.decoder, {}
+    for index, layer in enumerate(decoder.layers):
+        prefix = f"transformer.h.{index}."
+        out |= {f"{prefix}attn.{key}": value for key, value in _gpt2_attention(layer.self_attn).items()}
+        for name, linear in (("c_fc", layer.mlp.fc1), ("c_proj", layer.mlp.fc2)):
+            out |= {f"{prefix}mlp.{name}.{key}": value for key, value in _conv1d(linear).items()}
+        for name, norm in (("ln_1", layer.self_attn_layer_norm), ("ln_2", layer.mlp_layer_norm)):
+            out |= {f"{prefix}{name}.{key}": value for key, value in norm.state_dict().items()}
+    out |= {f"transformer.ln_f.{key}": value for key, value in decoder.norm.state_dict().items()}
+    out["transformer.wte.weight"] = _embeddings(model)
+    out["transformer.wpe.weight"] = decoder.embed_positions.weight.detach()
+    return out
+
+
+def stock_state_dict(model: PreTrainedModel, target: str) -> dict[str, torch.Tensor]:
+    """Our causal LM's tensors under the target's weight names (the head included, tied or not)."""
+    out = _gpt2_state_dict(model) if target == "gpt2" else _rotary_state_dict(model, target)
+    embed = "transformer.wte.weight" if target == "gpt2" else "model.embed_tokens.weight"
+    out["lm_head.weight"] = out[embed] if model.config.tie_word_embeddings else model.lm_head.weight.detach()
+    return {key: value.detach().clone().contiguous() for key, value in out.items()}
+
+
+def to_stock_model(model: PreTrainedModel, target: str) -> PreTrainedModel:
+    """The target's transformers model holding our weights (refused first when the config does not map)."""
+    check_maps(model.config, target)
+    stock = AutoModelForCausalLM.from_config(stock_config(model.config, target))
+    stock.load_state_dict(stock_state_dict(model, target), strict=True)
+    stock.tie_weights()
+    return stock.eval()
+
+
+@torch.no_grad()
+def logit_difference(ours: PreTrainedModel, stock: PreTrainedModel, length: int = 16) -> float:
+    """Largest |logit difference| / max(1, largest |logit|) of the two models on one fixed (1, length) sequence."""
+    length = min(length, ours.config.max_position_embeddings)
+    ids = (torch.arange(length) * 7919 % ours.config.vocab_size)[None]  # (1, length)
+    expected = ours(ids, use_cache=False).logits.float()
+    found = stock(ids, use_cache=False).logits.float()
+    return float((found - expected).abs().max() / max(1.0, float(expected.abs().max())))
+
+
+def check_same_logits(ours: PreTrainedModel, stock: PreTrainedModel, what: str) -> None:
+    """Refuse an export whose logits differ from ours beyond float32 rounding (a mapping error, never expected)."""
+    difference = logit_difference(ours, stock)
+    if not math.isfinite(difference) or difference > CHECK_TOLERANCE:
+        raise RuntimeError(f"the {what} gives other logits than the source (relative difference {difference:.2e}); "
+                           "nothing was written. Please report this with the model's config.json")
+
+
+def write_card(folder: Path, *, source: str, target: str, file_name: str, keywords: dict | None = None) -> None:
+    """A short model card (README.md) naming the source model (`base_model`) and how to load the export."""
+    from huggingface_hub import ModelCardData
+
+    data = ModelCardData(base_model=source, library_name="transformers", pipeline_tag="text-generation",
+                         tags=["hf_minitx", target])
+    arguments = "".join(f", {key}={value!r}" for key, value in {
+        **({"gguf_file": file_name} if file_name.endswith(".gguf") else {}), **(keywords or {})}.items())
+    layout = "GGUF" if file_name.endswith(".gguf") else NAMES[target]
+    text = (f"---\n{data.to_yaml()}\n---\n\n# {Path(source).name or source} ({layout})\n\n"
+            f"The hf_minitx model `{source}` exported by `minitx export`: the same weights in the {layout} layout "
+            f"(`{file_name}`), with its tokenizer and generation settings. It loads without hf_minitx and without "
+            f"`trust_remote_code`, with `AutoModelForCausalLM.from_pretrained(folder{arguments})`"
+            + (" or llama.cpp" if layout == "GGUF" else "") + ", and gives the source model's logits.\n")
+    (folder / "README.md").write_text(text, encoding="utf-8")
+
+
+@dataclass
+class ExportArguments:
+    """`minitx export`: a decoder-only model folder as a stock architecture or a GGUF file."""
+
+    model: str = field(metadata={"help": "a saved hf_minitx decoder-only model folder (the --output_dir of a run)"})
+    to: str = field(metadata={"help": "qwen3 (RMSNorm, SwiGLU, rotary, QK-norm), llama (the same without QK-norm), "
+                                      "gpt2 (LayerNorm, learned positions, GELU), or gguf (a GGUF file)"})
+    output_dir: str = field(metadata={"help": "the folder to write (new or empty; see --overwrite)"})
+    gguf_architecture: str = field(default="auto", metadata={
+        "help": "with --to gguf: qwen3, llama, or auto (qwen3 with QK-norm, else llama)"})
+    gguf_type: str = field(default="f32", metadata={"help": "with --to gguf: f32 (exact) or f16 (half the size)"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an --output_dir minitx export made"})
+
+
+def check_export_arguments(args: ExportArguments) -> None:
+    """The choices of `minitx export`, before anything is read or written."""
+    from .gguf_export import GGUF_ARCHITECTURES, GGUF_TYPES
+
+    if args.to not in TARGETS:
+        raise ValueError(f"--to {args.to!r} is not a target; choose one of {', '.join(TARGETS)}")
+    if args.gguf_architecture not in ("auto", *GGUF_ARCHITECTURES):
+        raise ValueError(f"--gguf_architecture {args.gguf_architecture!r}: choose auto, "
+                         f"{', '.join(GGUF_ARCHITECTURES)}")
+    if args.gguf_type not in GGUF_TYPES:
+        raise ValueError(f"--gguf_type {args.gguf_type!r}: choose one of {', '.join(GGUF_TYPES)}")
+
+
+def _saver(model: PreTrainedModel, tokenizer, source: str, args: ExportArguments) -> Callable[[Path], None]:
+    """What writes the export into a folder: the stock model or GGUF file, tokenizer, generation config, card."""
+    from .gguf_export import gguf_architecture, gguf_problems, reader_keywords, write_gguf
+
+    target = args.to
+    if args.to == "gguf":
+        target = gguf_architecture(model.config, args.gguf_architecture)
+        problems = mapping_problems(model.config, target) + gguf_problems(model.config, target)
+        if problems:
+            raise ExportRefused(f"the model does not map onto {NAMES[target]} GGUF:\n" + "\n".join(problems))
+    stock = to_stock_model(model, target)
+    check_same_logits(model, stock, f"{NAMES[target]} model")
+
+    def save(folder: Path) -> None:
+        if args.to == "gguf":  # the file holds the tokenizer: a tokenizer.json beside it would be read instead
+            file_name = write_gguf(stock, tokenizer, folder, target=target, tensor_type=args.gguf_type, name=source)
+        else:
+            stock.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            file_name = "model.safetensors"
+        (model.generation_config or GenerationConfig.from_model_config(model.config)).save_pretrained(folder)
+        write_card(folder, source=source, target=target, file_name=file_name,
+                   keywords=reader_keywords(model.config, target) if args.to == "gguf" else None)
+        write_marker(folder, command="export", run_id=target)
+    return save
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+    """`minitx export`: write the export of `--model` into `--output_dir`; returns the folder."""
+    from ..cli import parse_arguments
+    from ..inference import load_model_folder
+
+    (args,) = parse_arguments([ExportArguments], argv, prog="minitx export", description=(
+        "Export a decoder-only hf_minitx model to a stock transformers architecture (loads without "
+        "trust_remote_code) or to a GGUF file (llama.cpp, Ollama)."))
+    check_export_arguments(args)
+    output_dir = check_output_folder(args.output_dir, flag="--overwrite", overwrite=args.overwrite,
+                                     inputs=[("--model", args.model)], command="export")
+    model, tokenizer = load_model_folder(args.model, device="cpu", dtype=torch.float32)
+    write_folder(output_dir, _saver(model, tokenizer, args.model, args))
+    print(f"exported {args.model} ({args.to}) to {output_dir}")
+    return output_dir
