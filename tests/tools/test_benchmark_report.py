@@ -136,4 +136,5 @@ def test_several_runs_render_one_after_the_other_each_with_its_machine(tmp_path)
     page = render_pages(loaded)
     assert page.index("### Speed") < page.index("### Quality at equal wall time, 30 s") and "on 2 threads" in page
     with pytest.raises(FileNotFoundError, match="no benchmark JSON there"):
+        (tmp_path / "empty").mkdir()
         read_results([tmp_path / "empty"])
