@@ -160,6 +160,19 @@ def check_inputs_outside(folder: Path, inputs: Iterable[tuple[str, str | Path]],
 _held: dict[Path, int] = {}  # folder -> descriptor of the lock file this process holds
 
 
+def launch_id() -> str:
+    """What names one launch: the pid of a single process; the rendezvous port shared by the processes of one
+    ``accelerate launch`` (two launches on one host cannot share it)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("MASTER_PORT"):
+        return f"port{os.environ['MASTER_PORT']}"
+    return str(os.getpid())
+
+
+def _same_launch(owner: dict[str, Any]) -> bool:
+    """Whether a lock's owner is another process of this launch (its first process locks for all of them)."""
+    return owner.get("launch") == launch_id() and owner.get("host") == socket.gethostname()
+
+
 def _lock_owner(fd: int) -> dict[str, Any]:
     try:
         owner = json.loads(os.pread(fd, 4096, 0) or b"{}")
@@ -185,8 +198,10 @@ def check_not_locked(folder: Path, *, option: str = "--output_dir") -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise FolderRefused(f"{option} {folder} is being written by {_describe_owner(_lock_owner(fd))}; wait for "
-                            f"it to finish or stop it, or choose another {option}") from None
+        owner = _lock_owner(fd)
+        if not _same_launch(owner):
+            raise FolderRefused(f"{option} {folder} is being written by {_describe_owner(owner)}; wait for "
+                                f"it to finish or stop it, or choose another {option}") from None
     finally:
         os.close(fd)
 
@@ -213,7 +228,8 @@ def lock_folder(folder: Path, *, command: str, option: str = "--output_dir") -> 
         print(f"note: {folder} was locked by {_describe_owner(stale)}, which is no longer running; taking it over",
               file=sys.stderr)
     os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command}).encode(), 0)
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                              "launch": launch_id()}).encode(), 0)
     _held[key] = fd
 
 

@@ -42,6 +42,7 @@ from ..folders import (
     check_not_locked,
     check_output_folder,
     describe_contents,
+    launch_id,
     lock_folder,
     move_files_into,
     output_path,
@@ -452,14 +453,6 @@ def check_same_layout(plan: RunPlan) -> None:
     raise ValueError(f"the corpus no longer splits as in checkpoint {plan.checkpoint} ({diff}): records were added "
                      "or removed, or text was cut, so text the run trained on could now be validated on. Restore the "
                      "input, or start a new run in another --output_dir")
-
-
-def launch_id() -> str:
-    """What names this launch's private files: the pid of a single process; the rendezvous port shared by the
-    processes of one ``accelerate launch`` (two launches on one host cannot share it)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("MASTER_PORT"):
-        return f"port{os.environ['MASTER_PORT']}"
-    return str(os.getpid())
 
 
 def tokenizer_staging(plan: RunPlan) -> Path:

@@ -56,6 +56,27 @@ def hold_lock(folder: Path) -> subprocess.Popen:
     return proc
 
 
+def test_the_other_processes_of_the_launch_that_holds_the_lock_pass_its_check(tmp_path, monkeypatch):
+    """accelerate launch: the first process locks the folder before any work; the others check it after."""
+    from hf_minitx.folders import FolderRefused, check_not_locked
+
+    folder = tmp_path / "run"
+    launch = {"WORLD_SIZE": "2", "MASTER_PORT": "29512"}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], cwd=REPO, text=True, stdout=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": str(REPO), **launch, "RANK": "0"})
+    try:
+        assert holder.stdout.readline().strip() == "LOCKED"
+        for name, value in launch.items():
+            monkeypatch.setenv(name, value)
+        check_not_locked(folder)  # rank 1 of the same launch
+        monkeypatch.setenv("MASTER_PORT", "29513")  # another launch
+        with pytest.raises(FolderRefused, match="is being written by"):
+            check_not_locked(folder)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def a_run_folder(folder: Path, command: str = "train") -> Path:
     """A folder as a finished run leaves it (the marker, a model, a checkpoint)."""
     folder.mkdir(parents=True)
