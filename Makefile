@@ -17,7 +17,7 @@ install:
 	$(PIP) install -q -e ".[demo,dev]"
 
 test: install
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q -n auto --dist loadfile tests
 
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow" tests

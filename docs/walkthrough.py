@@ -36,7 +36,8 @@ from hf_minitx import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGener
 torch.manual_seed(0)
 torch.set_num_threads(1)  # models this small train fastest on one thread (and leave the other cores alone)
 torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
-workdir = Path(tempfile.mkdtemp(prefix="minitx-walkthrough-"))
+scratch = tempfile.TemporaryDirectory(prefix="minitx-walkthrough-")  # removed when the kernel stops
+workdir = Path(scratch.name)
 print("hf_minitx", hf_minitx.__version__, "· torch", torch.__version__)
 
 # %% [markdown]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -47,6 +48,18 @@ HTML_TAG = f'<meta name="generator" content="{WRITTEN_BY}">'  # the tag our HTML
 
 
 RUN_FILES = ("metrics.jsonl", "training_summary.json", "model.safetensors")  # what any run folder holds
+
+
+def weights_digest(model_dir: Path) -> str:
+    """SHA-256 of a model folder's weight files (every ``*.safetensors`` at its top, in name order): what names
+    the exact model a page or a report was made from."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 class FolderRefused(FileExistsError, ValueError):

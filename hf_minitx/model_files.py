@@ -32,7 +32,8 @@ def read_folder_config(folder: Path) -> dict:
         if any(folder.glob("checkpoint-*/run_state.json")):
             raise FileNotFoundError(f"{folder} holds checkpoints but no final model (no config.json): its run was "
                                     "interrupted. Resume it with the same `minitx train` command plus "
-                                    "--resume_from_checkpoint latest; its final folder can then be read")
+                                    "--resume_from_checkpoint latest; its final folder can then be read. `minitx "
+                                    f"explore --model {folder} --run {folder}` shows its checkpoints meanwhile")
         raise FileNotFoundError(f"{folder} is not a model folder (no config.json); pass the --output_dir of a training run")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))

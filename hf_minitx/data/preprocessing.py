@@ -95,8 +95,9 @@ def encode_rows(
         encoded = []
     elif backend is not None and backend.truncation is None and backend.padding is None:
         encoded = [e.ids for e in backend.encode_batch_fast(batch, add_special_tokens=False)]
-    else:  # a slow tokenizer, or runtime truncation/padding left on the backend: the wrapper resets it
-        encoded = tokenizer(batch, add_special_tokens=False)["input_ids"]
+    else:  # a slow tokenizer, or truncation/padding set on the backend: the wrapper resets it. Rows are cut
+        # into blocks later, so their length is no concern (verbose=False: no "longer than the maximum" warning).
+        encoded = tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]
     out = [np.empty(0, dtype)] * len(texts)
     for i, ids in zip(keep, encoded, strict=True):
         out[i] = np.array(ids + [eos_id] if ends[i] else ids, dtype=dtype)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..folders import check_output_folder, html_written_by_us, write_folder
+from ..folders import check_output_folder, html_written_by_us, weights_digest, write_folder
 from .card import EXPLORER_FILE, check_model_card, render_model_card, write_model_card
 from .folder import ModelFolderError, ModelFolderInfo, verify_model_folder
 
@@ -117,7 +118,7 @@ def stage_for_upload(
     from ..inference import load_model_folder
 
     info = verify_model_folder(model_dir, kind)
-    page = check_explorer_page(explorer) if explorer is not None else None
+    page = check_explorer_page(explorer, model_dir) if explorer is not None else None
     load_model_folder(info.path, device="cpu", dtype="float32")  # weights that do not fit the config are refused
     staging = Path(staging_dir)
     if staging.resolve() == info.path.resolve():
@@ -126,15 +127,26 @@ def stage_for_upload(
     return write_folder(staging, lambda folder: _stage(info, folder, repo_id=repo_id, license=license, explorer=page))
 
 
-def check_explorer_page(path: str | Path) -> Path:
-    """The --explorer page, refused unless it is a file `minitx explore` wrote."""
+EXPLORER_DATA = re.compile(r'<script type="application/json" id="explorer-data">(.*?)</script>', re.S)
+
+
+def check_explorer_page(path: str | Path, model_dir: str | Path) -> Path:
+    """The --explorer page, refused unless `minitx explore` wrote it from this folder's very weights."""
     page = Path(path)
+    remake = f"minitx explore --model {model_dir} --run {model_dir} --text \"...\" --out {page}"
     if not page.is_file():
-        raise FileNotFoundError(f"--explorer {page} does not exist; make it first: minitx explore --model DIR "
-                                f"--run DIR --text \"...\" --out {page}")
+        raise FileNotFoundError(f"--explorer {page} does not exist; make it first: {remake}")
     if not html_written_by_us(page):
         raise ValueError(f"--explorer {page} is not a page written by minitx explore; pass the --out of "
                          "`minitx explore`")
+    found = EXPLORER_DATA.search(page.read_text(encoding="utf-8", errors="replace"))
+    try:
+        shown = json.loads(found.group(1))["model"].get("weights") if found else None
+    except (ValueError, KeyError, AttributeError):
+        shown = None
+    if shown != weights_digest(Path(model_dir)):
+        raise ValueError(f"--explorer {page} was not made from the weights in {model_dir} (another model, or "
+                         f"an older version of this one); make it again: {remake}")
     return page
 
 

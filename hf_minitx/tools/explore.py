@@ -33,12 +33,15 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from ..folders import HTML_TAG, check_output_file, html_written_by_us, read_marker, write_file
+from ..data.tokenizer import load_tokenizer
+from ..folders import HTML_TAG, check_output_file, html_written_by_us, read_marker, weights_digest, write_file
 from ..inference import check_finite_weights, load_model_folder
 from ..model_files import read_safetensors_header
+from ..models import MiniTxConfig
 from ..models.positions_minitx import rope_inverse_frequencies
-from ..training.checkpoints import CHECKPOINT_PREFIX, MODEL_FILES, list_checkpoints
+from ..training.checkpoints import CHECKPOINT_PREFIX, MODEL_FILES, RUN_STATE_FILE, list_checkpoints
 from ..training.outputs import METRICS_FILE, SUMMARY_FILE, read_metrics
+from ..training.prepare import build_model
 from .model_reading import encode_text, parameter_counts, special_names
 
 LENS_TOP = 3  # tokens kept per layer and position in the logit lens
@@ -127,12 +130,14 @@ def spread(items: Sequence[Any], most: int) -> list[Any]:
     return [items[round(i * (len(items) - 1) / (most - 1))] for i in range(most)]
 
 
-def find_snapshots(model_dir: Path, run: str | None, most: int) -> list[Snapshot]:
-    """The final model, preceded by up to `most` checkpoints of `run` (each one's weights checked)."""
+def find_snapshots(model_dir: Path, run: str | None, most: int, latest: int | None = None) -> list[Snapshot]:
+    """The final model, preceded by up to `most` checkpoints of `run` (each one's weights checked). ``latest``:
+    an interrupted run's model is its checkpoint of that step, shown last in place of a final model."""
     if most < 1:
         raise ValueError(f"--max_checkpoints must be at least 1, got {most}")
-    step = final_step(model_dir)
-    final = Snapshot(label="final" if step is None else f"final (step {step})", step=step)
+    step = final_step(model_dir) if latest is None else latest
+    label = f"step {latest} (latest checkpoint)" if latest is not None else "final" if step is None else f"final (step {step})"
+    final = Snapshot(label=label, step=step)
     if run is None:
         return [final]
     run_dir = Path(run)
@@ -152,6 +157,24 @@ def find_snapshots(model_dir: Path, run: str | None, most: int) -> list[Snapshot
         if number != step:  # the last checkpoint of a finished run holds the final weights
             snapshots.append(Snapshot(label=f"step {number}", step=number, path=weights))
     return sorted(snapshots + [final], key=lambda s: math.inf if s.step is None else s.step)  # a resumed run: by step
+
+
+def latest_checkpoint_model(run_dir: Path) -> tuple[Any, Any, int]:
+    """An interrupted run (checkpoints, no final folder): the eval-mode model of its latest checkpoint, built from
+    the run's recorded model settings and its tokenizer, the tokenizer, and that checkpoint's step."""
+    folder = next((p for p in reversed(list_checkpoints(run_dir)) if any((p / n).is_file() for n in MODEL_FILES)),
+                  None)
+    if folder is None or not (run_dir / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{run_dir} holds checkpoints but no final model, and no checkpoint with weights and "
+                                "a tokenizer beside them; resume the run with --resume_from_checkpoint latest")
+    settings = json.loads((folder / RUN_STATE_FILE).read_text())["model_settings"]
+    tokenizer = load_tokenizer(run_dir)
+    model = build_model(MiniTxConfig(**settings), tokenizer)
+    model.config._attn_implementation = "eager"  # the explorer reads attention weights
+    weights = next(folder / n for n in MODEL_FILES if (folder / n).is_file())
+    final_state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    load_snapshot(model, Snapshot(label=folder.name, step=None, path=weights), final_state)
+    return model.eval(), tokenizer, int(folder.name.removeprefix(CHECKPOINT_PREFIX))
 
 
 def check_same_run_id(model_dir: Path, run_dir: Path) -> None:
@@ -281,7 +304,8 @@ def model_info(model: Any, model_dir: Path) -> dict[str, Any]:
     """Config fields, parameters per component and the positional-encoding curves."""
     config = model.config.to_diff_dict()
     shown = {k: v for k, v in sorted(config.items()) if isinstance(v, (int, float, str, bool)) or v is None}
-    return {"name": model_dir.resolve().name, "config": shown, "parameters": parameter_counts(model),
+    return {"name": model_dir.resolve().name, "weights": weights_digest(model_dir), "config": shown,
+            "parameters": parameter_counts(model),
             "total_parameters": sum(p.numel() for p in model.parameters()), "positions": position_curves(model)}
 
 
@@ -323,10 +347,15 @@ def explore_data(model_dir: str | Path, text: str, *, target: str | None = None,
     if top_k < 1:
         raise ValueError(f"--top_k must be at least 1, got {top_k}")
     model_dir = Path(model_dir)
-    model, tokenizer = load_model_folder(model_dir, device="cpu", dtype=torch.float32, attn_implementation="eager",
-                                         need_tokenizer=False)
+    interrupted = not (model_dir / "config.json").is_file() and bool(list_checkpoints(model_dir))
+    if interrupted:
+        model, tokenizer, latest = latest_checkpoint_model(model_dir)
+    else:
+        model, tokenizer = load_model_folder(model_dir, device="cpu", dtype=torch.float32,
+                                             attn_implementation="eager", need_tokenizer=False)
+        latest = None
     inputs = encode_inputs(model, tokenizer, text, target)
-    snapshots = find_snapshots(model_dir, run, max_checkpoints)
+    snapshots = find_snapshots(model_dir, run, max_checkpoints, latest)
     curve = loss_curve(run)
     final_state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     views = []

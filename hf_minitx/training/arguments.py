@@ -110,6 +110,12 @@ class DataArguments:
         metadata={"help": "--streaming: blocks in the seeded shuffle buffer (reseeded each epoch); 0 keeps stream order."},
     )
     block_size: int = field(default=128, metadata={"help": "causal-lm: tokens per packed training block."})
+    shift_windows: bool | None = field(
+        default=None,
+        metadata={"help": "causal-lm: each epoch, every training sample starts at a new seeded offset into the packed "
+                          "text (the block and the next), so repeated passes are not cut at the same places (nanoGPT's "
+                          "random windows). Default: on for causal-lm, off with --streaming (a stream is read once)."},
+    )
     max_source_length: int = field(default=64, metadata={"help": "seq2seq: source tokens kept (EOS included)."})
     max_target_length: int = field(default=64, metadata={"help": "seq2seq: target tokens kept (EOS included)."})
     max_eval_samples: int | None = field(

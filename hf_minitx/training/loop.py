@@ -57,7 +57,7 @@ from .checkpoints import (
     write_failure,
     write_run_state,
 )
-from .data_order import StepIndexedBatchSampler
+from .data_order import ShiftedWindows, StepIndexedBatchSampler
 from .evaluation import TextEvaluation, chance_note
 from .loss import Objective
 from .optim import build_optimizer, build_scheduler, describe_optimizer, describe_schedule, relay_schedule
@@ -79,6 +79,7 @@ from .prepare import (
     plan_run,
     prepare_data,
     release_unclaimed,
+    shifts_windows,
 )
 from .prepared import PreparedData
 from .stream_data import save_stream_position, streaming_train_batches
@@ -313,6 +314,7 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
     optimizer = build_optimizer(model, train_args)
     batches_per_epoch = None if plan.data_args.streaming else StepIndexedBatchSampler(
         len(data.train), train_args.per_device_train_batch_size, num_processes=accelerator.num_processes,
+        window=shift_window(plan),
     ).batches_per_epoch
     total_steps, budget = run_length(plan, batches_per_epoch)
     check_not_complete(plan, total_steps)  # before the first write
@@ -347,7 +349,7 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
         batches, stream = streaming_train_batches(data, tokenizer, plan.data_args, train_args, accelerator,
                                                   plan.checkpoint)
     else:
-        batches = iter(training_loader(data, train_args, accelerator, start=state.step * k))
+        batches = iter(training_loader(data, train_args, accelerator, start=state.step * k, window=shift_window(plan)))
     run = TrainingRun(accelerator, model, optimizer, scheduler, batches, plan.objective, evaluation, settings,
                       plan.output_dir, checkpoint_fields={
                           **plan.identity, "run_id": run_id,
@@ -355,6 +357,11 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
                       stream=stream, recipe=training_recipe(plan, total_steps, accelerator.num_processes),
                       budget=budget, schedule_args=train_args,
                       best=best if train_args.load_best_model_at_end else None)
+    schedule = run.recipe["schedule"]
+    if "warmup_steps_asked" in schedule and budget is None:
+        logger.warning("--warmup_steps %d is cut to %d: the run has %d steps and decays over the last %d "
+                       "(lower --warmup_steps or --decay_ratio, or train longer)", schedule["warmup_steps_asked"],
+                       schedule["warmup_steps"], schedule["total_steps"], schedule["decay_steps"])
     start_trackers(plan, accelerator)
     return run, tokenizer, state
 
@@ -390,7 +397,8 @@ def training_recipe(plan: RunPlan, total_steps: int, num_processes: int) -> dict
     """How the run trains, for training_summary.json and the card: optimizer, schedule, clipping, batch, lengths."""
     train_args, data_args = plan.train_args, plan.data_args
     batch = train_args.per_device_train_batch_size
-    lengths = ({"block_size": data_args.block_size} if plan.objective.shift else
+    causal = {"block_size": data_args.block_size, "shift_windows": bool(shift_window(plan))}
+    lengths = (causal if plan.objective.shift else
                {"max_source_length": data_args.max_source_length, "max_target_length": data_args.max_target_length})
     return {"optimizer": train_args.optimizer, "schedule": describe_schedule(train_args, total_steps),
             "max_grad_norm": train_args.max_grad_norm or None, "label_smoothing": train_args.label_smoothing,
@@ -398,13 +406,20 @@ def training_recipe(plan: RunPlan, total_steps: int, num_processes: int) -> dict
             "global_batch_size": batch * num_processes * train_args.gradient_accumulation_steps, **lengths}
 
 
-def training_loader(data: PreparedData, train_args: TrainArguments, accelerator: Accelerator, start: int) -> DataLoader:
+def shift_window(plan: RunPlan) -> int:
+    """Offsets drawn per sample and epoch (``--shift_windows``): in [0, block_size), or 0 for samples as packed."""
+    return plan.data_args.block_size if shifts_windows(plan.data_args) else 0
+
+
+def training_loader(data: PreparedData, train_args: TrainArguments, accelerator: Accelerator, start: int,
+                    window: int = 0) -> DataLoader:
     """This process's endless training batches, from global micro-batch ``start`` on (see data_order)."""
     return DataLoader(  # its own generator: iterating must not draw from the global (dropout) RNG
-        data.train, collate_fn=data.collate, generator=torch.Generator().manual_seed(train_args.seed),
+        ShiftedWindows(data.train) if window else data.train, collate_fn=data.collate,
+        generator=torch.Generator().manual_seed(train_args.seed),
         batch_sampler=StepIndexedBatchSampler(
             len(data.train), train_args.per_device_train_batch_size, num_processes=accelerator.num_processes,
-            process_index=accelerator.process_index, seed=train_args.seed, start=start,
+            process_index=accelerator.process_index, seed=train_args.seed, start=start, window=window,
         ),
     )
 

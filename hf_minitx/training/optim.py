@@ -268,14 +268,20 @@ def schedule_factor(args: OptimizerArguments, total_steps: int) -> Callable[[int
     ``total_steps``; built on a one-parameter optimizer, so that only the function is kept."""
     probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     if args.lr_scheduler_type == "warmup_stable_decay":
-        decay = max(1, round(args.decay_ratio * total_steps))
-        scheduler = get_wsd_schedule(probe, num_warmup_steps=min(args.warmup_steps, max(0, total_steps - decay)),
-                                     num_decay_steps=decay, num_training_steps=total_steps, decay_type="linear",
-                                     min_lr_ratio=args.min_lr_ratio)
+        warmup, decay = wsd_phases(args, total_steps)
+        scheduler = get_wsd_schedule(probe, num_warmup_steps=warmup, num_decay_steps=decay,
+                                     num_training_steps=total_steps, decay_type="linear", min_lr_ratio=args.min_lr_ratio)
     else:
         scheduler = get_scheduler(args.lr_scheduler_type, probe, num_warmup_steps=args.warmup_steps,
                                   num_training_steps=total_steps)
     return scheduler.lr_lambdas[0]
+
+
+def wsd_phases(args: OptimizerArguments, total_steps: int) -> tuple[int, int]:
+    """(warmup, decay) steps of warmup_stable_decay over ``total_steps``: the decay is ``decay_ratio`` of the run
+    (at least 1 step), and the warmup is cut to the steps before it when the run is too short for both."""
+    decay = max(1, round(args.decay_ratio * total_steps))
+    return min(args.warmup_steps, max(0, total_steps - decay)), decay
 
 
 def relay_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, args: OptimizerArguments, total_steps: int) -> None:
@@ -334,10 +340,14 @@ def _count(params: Iterable[torch.Tensor]) -> int:
 
 
 def describe_schedule(args: OptimizerArguments, total_steps: int) -> dict[str, Any]:
-    """The schedule as a record: its type, warmup and total steps (and, for WSD, the decay)."""
+    """The schedule as a record: its type, the warmup it runs, total steps (and, for WSD, the decay). A WSD warmup
+    cut short by a short run is recorded as run, with ``warmup_steps_asked`` beside it."""
     record: dict[str, Any] = {"type": args.lr_scheduler_type, "warmup_steps": args.warmup_steps,
                               "total_steps": total_steps}
     if args.lr_scheduler_type == "warmup_stable_decay":
-        record.update(decay_steps=max(1, round(args.decay_ratio * total_steps)), decay_ratio=args.decay_ratio,
+        warmup, decay = wsd_phases(args, total_steps)
+        record.update(warmup_steps=warmup, decay_steps=decay, decay_ratio=args.decay_ratio,
                       min_lr_ratio=args.min_lr_ratio)
+        if warmup != args.warmup_steps:
+            record["warmup_steps_asked"] = args.warmup_steps
     return record

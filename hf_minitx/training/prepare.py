@@ -145,8 +145,14 @@ def run_identity(model_settings: dict[str, Any], data_args: DataArguments, seed:
         "model_settings": model_settings, "task": data_args.task, "dataset": data_args.dataset,
         "dataset_config": data_args.dataset_config, "block_size": data_args.block_size,
         "sample_by": data_args.sample_by, "seed": seed, "validation_split": data_args.validation_split,
-        "streaming": data_args.streaming,
+        "streaming": data_args.streaming, "shift_windows": shifts_windows(data_args),
     }
+
+
+def shifts_windows(data_args: DataArguments) -> bool:
+    """Whether training samples start at new offsets each epoch: --shift_windows, by default on for map-style
+    causal-lm data (a stream is read once, seq2seq pairs are not cut)."""
+    return data_args.shift_windows is not False and data_args.task == "causal-lm" and not data_args.streaming
 
 
 RECIPE_FIELDS = ("optimizer", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
@@ -236,6 +242,9 @@ def check_data_arguments(config: MiniTxConfig, data_args: DataArguments) -> None
                 raise ValueError(f"--{name} must be >= 2 (at least one token and <eos>), got {getattr(data_args, name)}")
     if data_args.block_size < 2:
         raise ValueError(f"--block_size must be >= 2 (a token and the next one to predict), got {data_args.block_size}")
+    if data_args.shift_windows and (data_args.task != "causal-lm" or data_args.streaming):
+        where = "--streaming (a stream is read once, in order)" if data_args.streaming else "--task seq2seq (pairs)"
+        raise ValueError(f"--shift_windows cuts packed causal-lm text and does not apply with {where}; leave it out")
     if data_args.shuffle_buffer < 0:
         raise ValueError(f"--shuffle_buffer must be >= 0 (0 keeps stream order), got {data_args.shuffle_buffer}")
     if not data_args.tokenizer and data_args.tokenizer_vocab_size < MIN_VOCAB_SIZE:

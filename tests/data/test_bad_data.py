@@ -83,7 +83,7 @@ def test_folder_of_mixed_file_types_is_refused_not_half_read(tmp_path):
 
 
 @pytest.mark.parametrize("name, content, says", [
-    ("corpus.txt.gz", gzip.compress(b"some text\n"), "is gzip-compressed (.gz)"),
+    ("corpus.txt.gz", gzip.compress(b"some text\n", mtime=0), "is gzip-compressed (.gz)"),
     ("data.bin", bytes(range(256)) * 8, "is binary data (not UTF-8 text) (.bin)"),
     ("corpus", b"plain text without an extension\n", "is UTF-8 text (no extension)"),
 ])

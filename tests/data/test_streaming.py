@@ -59,6 +59,24 @@ def test_encode_rows_gives_the_tokenizer_ids_and_eos_only_at_document_ends(token
     assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.uint32
 
 
+def test_encoding_long_rows_with_a_saved_tokenizer_warns_of_no_model_length(tokenizer, tmp_path):
+    """A tokenizer loaded from a folder has padding set on its backend, so rows go through the wrapper; rows
+    longer than model_max_length are cut into blocks later and must not warn of indexing errors."""
+    from transformers import AutoTokenizer
+    from transformers.testing_utils import CaptureLogger
+    from transformers.tokenization_utils_base import logger
+
+    tokenizer.model_max_length = 8
+    tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    loaded.backend_tokenizer.enable_padding(pad_id=loaded.pad_token_id, pad_token=loaded.pad_token)
+    text = "hello amber birch cedar " * 10
+    with CaptureLogger(logger) as captured:
+        arrays = encode_rows([text], [True], loaded, loaded.eos_token_id, np.dtype(np.uint16))
+    assert arrays[0].size > 8 and arrays[0].tolist()[:-1] == tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert "longer than the specified maximum" not in captured.out
+
+
 def test_streamed_text_blocks_are_the_map_style_blocks(corpus_dir, tokenizer, small_rows):
     """Text files stream with the same documents, newlines and EOS as the in-memory path."""
     glob = str(corpus_dir / "*.txt")

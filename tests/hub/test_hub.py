@@ -312,6 +312,26 @@ def test_push_shares_an_explorer_page_on_request_and_the_card_links_it(causal_co
         stage_for_upload(causal_copy, tmp_path / "missing", explorer=tmp_path / "nope.html")
 
 
+def test_push_refuses_an_explorer_page_made_from_other_weights(causal_copy, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    page = tmp_path / "page.html"
+    assert minitx(["explore", "--model", str(causal_copy), "--text", "the quick fox", "--out", str(page)]) == 0
+    retrained = tmp_path / "retrained"
+    shutil.copytree(causal_copy, retrained)
+    weights = load_file(retrained / "model.safetensors")
+    name = next(iter(weights))
+    weights[name] = weights[name] + 0.01  # same shapes, other weights: the page shows another model
+    save_file(weights, retrained / "model.safetensors", metadata={"format": "pt"})
+    capsys.readouterr()
+    assert minitx(["push", "--model_dir", str(retrained), "--dry_run", str(tmp_path / "refused"),
+                   "--explorer", str(page)]) == 2
+    error = capsys.readouterr().err
+    assert "was not made from the weights in" in error and f"minitx explore --model {retrained}" in error
+    assert not (tmp_path / "refused").exists()
+    assert (stage_for_upload(causal_copy, tmp_path / "same", explorer=page) / "explore.html").is_file()
+
+
 @pytest.mark.parametrize("repo_id", ["kjv-gpt", "a/b/c", "/kjv", "alice/", "alice/kjv gpt", "alice/kjv--gpt"])
 def test_bad_repo_ids_are_refused(repo_id):
     with pytest.raises(ValueError, match="repo_id"):

@@ -186,6 +186,36 @@ def test_a_resumed_runs_history_is_ordered_by_step(causal_run):
     assert [view["step"] for view in data["snapshots"]] == [10, 20, 30, 40]
 
 
+@torch.no_grad()
+def test_an_interrupted_run_is_explored_through_its_checkpoints(tmp_path):
+    """No final folder (the run stopped): its latest checkpoint is the model shown, built from the run's recorded
+    settings and tokenizer, with the earlier checkpoints before it."""
+    from hf_minitx.data.tokenizer import train_bpe_tokenizer
+    from hf_minitx.training.prepare import build_model
+
+    run = tmp_path / "interrupted"
+    run.mkdir()
+    tokenizer = train_bpe_tokenizer([TEXT, "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15"] * 5, vocab_size=300, min_frequency=1)
+    tokenizer.save_pretrained(run)
+    settings = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
+                "max_position_embeddings": 64, "is_encoder_decoder": False}
+    models = []
+    for step in (2, 4):
+        torch.manual_seed(step)
+        model = build_model(tiny_config(**settings), tokenizer).eval()
+        _checkpoint(run, step, model, safetensors=step == 4)
+        (run / f"checkpoint-{step}" / "run_state.json").write_text(json.dumps({"step": step, "model_settings": settings}))
+        models.append(model)
+    data = explore.explore_data(run, TEXT, run=str(run), top_k=3)
+    assert [s["label"] for s in data["snapshots"]] == ["step 2", "step 4 (latest checkpoint)"]
+    ids = torch.tensor([data["tokens"]])
+    for snapshot, model in zip(data["snapshots"], models, strict=True):
+        top = torch.softmax(model(ids).logits[0], -1).topk(3).indices
+        assert [[i for i, _ in position] for position in snapshot["top"]] == top.tolist()
+    page = tmp_path / "page.html"
+    assert minitx(["explore", "--model", str(run), "--text", TEXT, "--out", str(page)]) == 0 and page.is_file()
+
+
 def test_max_checkpoints_spreads_from_first_to_last():
     assert explore.spread(list(range(10)), 4) == [0, 3, 6, 9]
     assert explore.spread([1, 2], 5) == [1, 2]
@@ -242,7 +272,7 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
     elif case == "interrupted-run":
         interrupted = tmp_path / "interrupted"
         _checkpoint(interrupted, 4, tiny_causal())
-        argv[2], expected = str(interrupted), "holds checkpoints but no final model"
+        argv[2], expected = str(interrupted), "holds checkpoints but no final model, and no checkpoint with"
     elif case == "nan-weight":  # a run that diverged: its page would embed bare NaN (not JSON) and stay blank
         poison_weight(causal_run / "model.safetensors", "model.decoder.layers.1.mlp.fc2.weight")
         expected = "non-finite value(s) (NaN or inf) in model.decoder.layers.1.mlp.fc2.weight"

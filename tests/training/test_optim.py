@@ -20,6 +20,7 @@ from hf_minitx.training.optim import (
     describe_optimizer,
     describe_schedule,
     partition_parameters,
+    schedule_factor,
 )
 
 
@@ -142,6 +143,16 @@ def test_warmup_stable_decay_warms_up_holds_then_decays_linearly(make_config):
     assert all(abs(a[-1] / a[0] - 2e-3 / 0.04) < 1e-9 for a in lrs)  # every group follows from its own peak
     assert describe_schedule(args, 100) == {"type": "warmup_stable_decay", "warmup_steps": 10, "total_steps": 100,
                                             "decay_steps": 25, "decay_ratio": 0.25, "min_lr_ratio": 0.1}
+
+
+def test_a_warmup_cut_short_is_recorded_as_run_with_the_asked_value_beside_it():
+    args = TrainArguments(optimizer="muon", lr_scheduler_type="warmup_stable_decay", warmup_steps=50,
+                          decay_ratio=0.5)
+    record = describe_schedule(args, 60)  # 30 decay steps leave room for 30 of the 50 warmup steps
+    assert (record["warmup_steps"], record["warmup_steps_asked"], record["decay_steps"]) == (30, 50, 30)
+    factor = schedule_factor(args, 60)
+    assert factor(29) < 1.0 and factor(30) == pytest.approx(1.0)  # the peak is reached where the record says
+    assert "warmup_steps_asked" not in describe_schedule(args, 200)
 
 
 def test_partition_puts_norms_embeddings_and_biases_out_of_decay(make_config):

@@ -327,6 +327,7 @@ def test_overwrite_refuses_a_folder_holding_the_runs_own_inputs(tmp_path, text_f
     (["--optimizer", "muon", "--muon_weight_decay", "-1"], "--muon_weight_decay must be >= 0 and finite"),
     (["--weight_decay", "inf"], "--weight_decay must be >= 0 and finite"),
     (["--adam_epsilon", "nan"], "--adam_epsilon must be > 0 and finite"),
+    (["--shift_windows", "true", "--streaming"], "--shift_windows cuts packed causal-lm text and does not apply"),
 ])
 def test_bad_counts_are_refused_before_any_work(tmp_path, text_file, capsys, extra, message):  # noqa: F811
     out = tmp_path / "run"

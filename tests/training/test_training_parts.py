@@ -8,11 +8,12 @@ import json
 import pytest
 import torch
 
+from hf_minitx.data.preprocessing import BlockCollator
 from hf_minitx.device import pick_device, pick_dtype
 from hf_minitx.models.modeling_minitx import token_cross_entropy
 from hf_minitx.training.arguments import available_presets, load_preset, parse_config_overrides
 from hf_minitx.training.checkpoints import list_checkpoints, rotate_checkpoints, write_run_state
-from hf_minitx.training.data_order import StepIndexedBatchSampler
+from hf_minitx.training.data_order import ShiftedWindows, StepIndexedBatchSampler
 from hf_minitx.training.evaluation import exact_match
 from hf_minitx.training.loss import Objective, count_label_tokens, sequence_cross_entropy
 from hf_minitx.training.outputs import append_metrics, truncate_metrics
@@ -39,6 +40,29 @@ def test_each_epoch_visits_distinct_rows_in_a_new_order():
     first, second = sum(batches[:4], []), sum(batches[4:], [])
     assert sorted(first) == sorted(second) == list(range(20))
     assert first != second
+
+
+def test_shifted_windows_draw_new_offsets_each_epoch_and_resume_at_the_same_pairs():
+    batches = _take(StepIndexedBatchSampler(21, 5, seed=0, window=16), 8)  # 20 rows continue into a next one
+    first, second = sum(batches[:4], []), sum(batches[4:], [])
+    assert sorted(row for row, _ in first) == sorted(row for row, _ in second) == list(range(20))
+    assert all(0 <= offset < 16 for _, offset in first + second)
+    assert dict(first) != dict(second) and len(set(dict(first).values())) > 1  # other cuts, epoch to epoch
+    assert _take(StepIndexedBatchSampler(21, 5, seed=0, window=16, start=5), 3) == batches[5:]
+    ranks = [_take(StepIndexedBatchSampler(21, 2, num_processes=2, process_index=p, window=16), 6) for p in (0, 1)]
+    assert [a + b for a, b in zip(*ranks, strict=True)] == _take(StepIndexedBatchSampler(21, 4, window=16), 6)
+
+
+def test_a_shifted_window_is_the_packed_text_from_its_offset_on():
+    import datasets
+
+    text = torch.arange(5 * 8).reshape(5, 8)  # five packed blocks of 8 tokens, back to back
+    windows = ShiftedWindows(datasets.Dataset.from_dict({"input_ids": text.tolist()}))
+    for row, offset in [(0, 0), (0, 5), (3, 7), (2, 1)]:
+        start = row * 8 + offset
+        assert windows[row, offset].tolist() == list(range(start, start + 8))
+    batch = BlockCollator(None)([windows[1, 3], windows[0, 0]])  # the loop's collator takes windows as rows
+    assert batch["input_ids"].tolist() == [list(range(11, 19)), list(range(8))]
 
 
 def test_batch_larger_than_the_data_is_refused():
