@@ -18,6 +18,8 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
     GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -28,6 +30,9 @@ from .device import pick_device, pick_dtype
 from .model_files import WEIGHTS_FILE, read_folder_config, read_safetensors_header
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# The one wording of a model whose outputs overflow (finite weights, NaN or inf logits): generate and explore use it.
+NON_FINITE_OUTPUTS = "the model's outputs{on} hold NaN or inf values{so}; check the model's weights (an earlier " \
+                     "checkpoint may be sound)"
 logger = hf_logging.get_logger(__name__)
 
 
@@ -118,6 +123,17 @@ def load_model_folder(
     check_generation_config(folder)
     tokenizer = load_tokenizer(folder) if has_tokenizer else None
     return model.to(chosen_device).eval(), tokenizer
+
+
+class FiniteScoresCheck(LogitsProcessor):
+    """Refuse a decoding step whose scores hold NaN or +inf, or give no token a finite score (weights that are
+    finite but overflow): sampling would fail in torch, and greedy or beam search would pick garbage. It runs last,
+    after the warpers, so the -inf of top-k or top-p filtering is fine as long as one token stays finite."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if not bool(torch.isfinite(scores.amax(dim=-1)).all()):  # amax is NaN for a row with a NaN
+            raise ValueError(NON_FINITE_OUTPUTS.format(on="", so=", so no next token can be chosen"))
+        return scores
 
 
 def check_generation_arguments(kwargs: dict[str, Any]) -> None:
@@ -237,6 +253,7 @@ def generate(
         raise ValueError("give at least one prompt")
     kwargs = {k: v for k, v in generate_kwargs.items() if v is not None}
     check_generation_arguments(kwargs)
+    kwargs["logits_processor"] = LogitsProcessorList([*kwargs.get("logits_processor", ()), FiniteScoresCheck()])
     prompts = list(checked_texts(prompts, "the prompts"))
     device = next(model.parameters()).device
     was_training = model.training

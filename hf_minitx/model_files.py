@@ -25,15 +25,21 @@ class ModelFolderError(ValueError):
     """A model folder is missing a file or holds a broken one; the message names each file."""
 
 
+def refuse_interrupted_run(folder: Path) -> None:
+    """A training run that was interrupted (checkpoints, no final config.json) is refused, saying how to finish it
+    and how to look at its checkpoints meanwhile."""
+    if not (folder / "config.json").is_file() and any(folder.glob("checkpoint-*/run_state.json")):
+        raise FileNotFoundError(f"{folder} holds checkpoints but no final model (no config.json): its run was "
+                                "interrupted. Resume it with the same `minitx train` command plus "
+                                "--resume_from_checkpoint latest; its final folder can then be read. `minitx "
+                                f"explore --model {folder} --run {folder}` shows its checkpoints meanwhile")
+
+
 def read_folder_config(folder: Path) -> dict:
     """config.json of a MiniTx folder as a dict; anything else is refused with the reason and the fix."""
     path = folder / "config.json"
     if not path.is_file():
-        if any(folder.glob("checkpoint-*/run_state.json")):
-            raise FileNotFoundError(f"{folder} holds checkpoints but no final model (no config.json): its run was "
-                                    "interrupted. Resume it with the same `minitx train` command plus "
-                                    "--resume_from_checkpoint latest; its final folder can then be read. `minitx "
-                                    f"explore --model {folder} --run {folder}` shows its checkpoints meanwhile")
+        refuse_interrupted_run(folder)
         raise FileNotFoundError(f"{folder} is not a model folder (no config.json); pass the --output_dir of a training run")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))

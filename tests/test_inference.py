@@ -117,6 +117,22 @@ def test_a_model_with_a_nan_weight_is_refused_naming_the_tensor(broken, capsys):
     assert len(err) == 1 and "1 non-finite value(s) (NaN or inf) in model.decoder.layers.0.mlp.fc1.weight" in err[0]
 
 
+@pytest.mark.parametrize("style", [["--do_sample"], ["--greedy"], ["--num_beams", "2"]])
+def test_a_model_whose_finite_weights_overflow_is_refused_when_generating(broken, capsys, style):
+    weights = load_file(broken / "model.safetensors")
+    weights["model.decoder.norm.weight"].fill_(3e38)  # finite, but the logits overflow to inf and NaN
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    assert minitx(["generate", "--model", str(broken), "--prompt", "the cat", *style]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the model's outputs hold NaN or inf values" in err[0] and "earlier checkpoint" in err[0]
+
+
+def test_top_k_filtering_is_not_taken_for_non_finite_outputs(causal_dir):
+    model, tokenizer = load_model_folder(causal_dir, device="cpu")
+    (text,) = generate(model, tokenizer, ["the cat"], do_sample=True, top_k=1, top_p=0.5, max_new_tokens=4)
+    assert isinstance(text, str)
+
+
 def test_dry_run_names_a_broken_folder_not_the_remote_code(broken, tmp_path, capsys):
     _edit_config(broken, num_hidden_layers=3)
     assert minitx(["push", "--model_dir", str(broken), "--dry_run", str(tmp_path / "staged")]) == 2

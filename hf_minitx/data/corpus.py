@@ -28,6 +28,7 @@ import glob
 import logging
 import math
 import os
+import reprlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,7 @@ def load_corpus(
                        dataset)
     splits = {}
     for name, split in raw.items():
-        split = _normalise_columns(split, dataset, task, text_column, source_column, target_column)
+        split = _normalise_columns(split, dataset, name, task, text_column, source_column, target_column)
         split = rows_with_text(split, dataset, name, skip_bad_rows)
         splits[name] = as_samples(split, sample_by) if task == "causal-lm" else split
     splits = _with_validation(splits, dataset, validation_split, seed, streaming)
@@ -393,12 +394,23 @@ def _local_files(dataset: str) -> list[str] | None:
     return _read_once(dataset, files)
 
 
+def _file_identity(path: str) -> tuple:
+    """What makes two paths one file: its device and inode (a symlink or a hard link to it is the same file),
+    or its real path where it cannot be read (a remote file)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return (os.path.realpath(path),)
+    return (info.st_dev, info.st_ino)
+
+
 def _read_once(dataset: str, files: list[str]) -> list[str]:
-    """``files`` without repeats (the same real path listed twice, or matched by a glob and another entry):
-    a file read twice could put the same text in training and validation. The first listing is kept."""
-    seen: dict[str, str] = {}
+    """``files`` without repeats (the same file listed twice, matched by a glob and another entry, or reached
+    through a symlink or a hard link): a file read twice could put the same text in training and validation.
+    The first listing is kept."""
+    seen: dict[tuple, str] = {}
     for path in files:
-        seen.setdefault(os.path.realpath(path), path)
+        seen.setdefault(_file_identity(path), path)
     unique = list(seen.values())
     if len(unique) < len(files):
         _note_repeats(dataset, len(files) - len(unique))
@@ -408,8 +420,8 @@ def _read_once(dataset: str, files: list[str]) -> list[str]:
 @functools.cache
 def _note_repeats(dataset: str, repeats: int) -> None:
     """Say once per --dataset that repeated files are read once."""
-    logger.warning("note: --dataset %r reaches %d file(s) more than once (listed twice, through a glob or a "
-                   "symlink); each file is read once", dataset, repeats)
+    logger.warning("note: --dataset %r reaches %d file(s) more than once (listed twice, through a glob, a "
+                   "symlink or a hard link); each file is read once", dataset, repeats)
 
 
 def local_inputs(dataset: str) -> list[Path]:
@@ -521,12 +533,12 @@ def _load_with_datasets(
 
 
 def _each_file_once(name: str, files: dict[str, list[str]]) -> dict[str, list[str]]:
-    """The data files of each split, a file reached twice (a symlink, a copy listed twice) kept once over all
-    splits, so that no text is both trained on and validated on."""
-    seen: set[str] = set()
+    """The data files of each split, a file reached twice (a symlink, a hard link, a file listed twice) kept once
+    over all splits, so that no text is both trained on and validated on."""
+    seen: set[tuple] = set()
     kept = {}
     for split, paths in files.items():
-        kept[split] = [p for p in paths if os.path.realpath(p) not in seen and not seen.add(os.path.realpath(p))]
+        kept[split] = [p for p in paths if _file_identity(p) not in seen and not seen.add(_file_identity(p))]
     repeats = sum(map(len, files.values())) - sum(map(len, kept.values()))
     if repeats:
         _note_repeats(name, repeats)
@@ -749,9 +761,9 @@ def rows_with_text(split: AnyDataset, dataset: str, name: str, skip_bad_rows: bo
     if not columns or DOC_END in (split.column_names or []):
         return split  # rows read from text files always hold text
     if isinstance(split, IterableDataset):
-        kwargs = {"columns": columns, "where": f"{dataset!r} ({name} split)"}
+        kwargs = {"columns": columns, "dataset": dataset, "name": name}
         return (split.filter(_all_present, fn_kwargs={"columns": columns}) if skip_bad_rows
-                else split.map(_refuse_missing, fn_kwargs=kwargs, features=split.features))
+                else split.map(_refuse_missing, fn_kwargs=kwargs, features=split.features, with_indices=True))
     if not any(split.data.column(column).null_count for column in columns):
         return split  # the usual case: one look at the table's counts
     if split._indices is not None:  # rows selected from a larger table: the mask must follow the rows
@@ -778,11 +790,12 @@ def _all_present(row: dict, columns: list[str]) -> bool:
     return all(row[column] is not None for column in columns)
 
 
-def _refuse_missing(row: dict, columns: list[str], where: str) -> dict:
+def _refuse_missing(row: dict, index: int, columns: list[str], dataset: str, name: str) -> dict:
+    """A streamed row, refused naming its file and row (``index``: its place in the stream) if a text is missing."""
     for column in columns:
         if row[column] is None:
-            raise RowWithoutText(f"a row of {where} has no {column} (null or an empty cell): fix or delete it, or "
-                                 "pass --skip_bad_rows to skip rows without text")
+            raise RowWithoutText(f"{_locate_row(dataset, name, index)} has no {column} (null or an empty cell): fix "
+                                 "or delete that row, or pass --skip_bad_rows to skip rows without text")
     return row
 
 
@@ -821,9 +834,27 @@ def _row_in_files(files: list[str], index: int) -> str | None:
 # --- columns ------------------------------------------------------------------------------------
 
 
+def _first_non_text(split: AnyDataset, dataset: str, name: str, column: str) -> str:
+    """Where ``column`` first holds something other than text: "FILE: row N holds 5 (int)" for a split in memory,
+    the column's type for a stream (which is not read ahead to find the row)."""
+    feature = split.features[column]
+    kind = f"{feature.dtype} values" if isinstance(getattr(feature, "dtype", None), str) else \
+        "values that are not all strings (numbers, lists or objects)"
+    if isinstance(split, IterableDataset):
+        return f"it holds {kind}"
+    for start in range(0, len(split), 10_000):
+        values = split[start:start + 10_000][column]
+        for offset, value in enumerate(values):
+            if value is not None and not isinstance(value, str):
+                shown = reprlib.repr(value)
+                return f"{_locate_row(dataset, name, start + offset)} holds {shown} ({type(value).__name__})"
+    return f"it holds {kind}"
+
+
 def _normalise_columns(
     split: AnyDataset,
     dataset: str,
+    name: str,
     task: str,
     text_column: str,
     source_column: str | None,
@@ -854,9 +885,10 @@ def _normalise_columns(
     features = split.features
     if features is not None:
         for column in wanted:
-            dtype = getattr(features[column], "dtype", None)
-            if dtype not in ("string", "large_string"):
-                raise ValueError(f"column {column!r} of {dataset!r} must hold strings, but its type is {features[column]}")
+            if getattr(features[column], "dtype", None) not in ("string", "large_string"):
+                raise ValueError(f"column {column!r} of {dataset!r} must hold text, but "
+                                 f"{_first_non_text(split, dataset, name, column)}: write each value as a string "
+                                 f"(in quotes in JSON), or pick the text column with --text_column")
     keep = list(wanted) + ([DOC_END] if task == "causal-lm" and DOC_END in columns else [])
     split = split.select_columns(keep)
     renames = {old: new for old, new in wanted.items() if old != new}

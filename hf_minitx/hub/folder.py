@@ -12,7 +12,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..model_files import WEIGHTS_FILE, ModelFolderError, count_parameters, read_safetensors_header
+from ..model_files import (
+    WEIGHTS_FILE,
+    ModelFolderError,
+    count_parameters,
+    read_safetensors_header,
+    refuse_interrupted_run,
+)
 
 KINDS = ("causal-lm", "seq2seq")
 AUTO_CLASSES = {"causal-lm": "AutoModelForCausalLM", "seq2seq": "AutoModelForSeq2SeqLM"}
@@ -170,6 +176,7 @@ def verify_model_folder(model_dir: str | Path, kind: str | None = None) -> Model
     folder = Path(model_dir)
     if not folder.is_dir():
         raise ModelFolderError(f"{folder} is not a directory; pass the folder that model.save_pretrained wrote.")
+    refuse_interrupted_run(folder)
     problems: list[str] = []
     config, found_kind = _check_config(folder, kind, problems)
     code = _code_files(folder, config, problems) if config else ()
@@ -178,9 +185,9 @@ def verify_model_folder(model_dir: str | Path, kind: str | None = None) -> Model
     has_weights = (folder / WEIGHTS_FILE).is_file() or (folder / WEIGHTS_INDEX_FILE).is_file()
     if config is None and not has_weights:  # weights were not checked without a config: still say so
         problems.append(f"{WEIGHTS_FILE}: missing, so there are no weights to load.")
-    if problems:
-        listing = "\n".join(f"  - {problem}" for problem in problems)
-        raise ModelFolderError(f"{folder} is not a complete hf_minitx model folder:\n{listing}")
+    if problems:  # one line: each problem names its file and the fix
+        listing = "; ".join(problem.rstrip(".") for problem in problems)
+        raise ModelFolderError(f"{folder} is not a complete hf_minitx model folder: {listing}")
     return ModelFolderInfo(
         path=folder, kind=found_kind, config=config, weight_files=weights, code_files=code,
         tokenizer_files=tokenizer, num_parameters=num_parameters,

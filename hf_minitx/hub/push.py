@@ -134,6 +134,9 @@ def check_explorer_page(path: str | Path, model_dir: str | Path) -> Path:
     """The --explorer page, refused unless `minitx explore` wrote it from this folder's very weights."""
     page = Path(path)
     remake = f"minitx explore --model {model_dir} --run {model_dir} --text \"...\" --out {page}"
+    if page.is_dir():
+        raise ValueError(f"--explorer {page} is a folder; pass the .html page written by minitx explore (its "
+                         f"--out), or make one: {remake}")
     if not page.is_file():
         raise FileNotFoundError(f"--explorer {page} does not exist; make it first: {remake}")
     if not html_written_by_us(page):

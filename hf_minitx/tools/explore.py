@@ -35,7 +35,7 @@ from safetensors.torch import load_file
 
 from ..data.tokenizer import load_tokenizer
 from ..folders import HTML_TAG, check_output_file, html_written_by_us, read_marker, weights_digest, write_file
-from ..inference import check_finite_weights, load_model_folder
+from ..inference import NON_FINITE_OUTPUTS, check_finite_weights, load_model_folder
 from ..model_files import read_safetensors_header
 from ..models import MiniTxConfig
 from ..models.positions_minitx import rope_inverse_frequencies
@@ -383,8 +383,7 @@ def render_page(data: dict[str, Any]) -> str:
     try:  # a bare NaN would make the data block invalid JSON and the page blank
         payload = json.dumps(data, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     except ValueError:
-        raise ValueError("the model's outputs on this text hold NaN or inf values, which the page cannot show; "
-                         "check the model's weights (an earlier checkpoint may be sound)") from None
+        raise ValueError(NON_FINITE_OUTPUTS.format(on=" on this text", so=", which the page cannot show")) from None
     for char in "<>&":
         payload = payload.replace(char, f"\\u{ord(char):04x}")  # only inside JSON strings: same value
     parts = {"GENERATOR": HTML_TAG, "TITLE": html.escape(f"{data['model']['name']}: {data['text'][:60]}"),

@@ -205,9 +205,11 @@ WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACC
 
 
 def _safetensors_errno(error: BaseException) -> int | None:
-    """The OS error number inside a SafetensorError ("IoError(Os { code: 28, ... })"); None for other errors."""
-    match = re.search(r"\bcode: (\d+)", str(error)) if isinstance(error, SafetensorError) else None
-    return int(match.group(1)) if match else None
+    """The OS error number inside a SafetensorError ("IoError(Os { code: 28, ... })", or "... (os error 28)" in
+    newer safetensors); None for other errors."""
+    pattern = r"\bcode: (\d+)|\(os error (\d+)\)"
+    match = re.search(pattern, str(error)) if isinstance(error, SafetensorError) else None
+    return int(match.group(1) or match.group(2)) if match else None
 
 
 def write_failure(error: BaseException, where: Path, output_dir: Path) -> BaseException:

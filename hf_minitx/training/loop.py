@@ -60,7 +60,14 @@ from .checkpoints import (
 from .data_order import ShiftedWindows, StepIndexedBatchSampler
 from .evaluation import TextEvaluation, chance_note
 from .loss import Objective
-from .optim import build_optimizer, build_scheduler, describe_optimizer, describe_schedule, relay_schedule
+from .optim import (
+    build_optimizer,
+    build_scheduler,
+    describe_optimizer,
+    describe_schedule,
+    relay_schedule,
+    warmup_cut_warning,
+)
 from .outputs import LOSS_CURVE_FILE, SUMMARY_FILE, append_metrics, save_final_model, truncate_metrics
 from .prepare import (
     AlreadyComplete,
@@ -357,11 +364,9 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
                       stream=stream, recipe=training_recipe(plan, total_steps, accelerator.num_processes),
                       budget=budget, schedule_args=train_args,
                       best=best if train_args.load_best_model_at_end else None)
-    schedule = run.recipe["schedule"]
-    if "warmup_steps_asked" in schedule and budget is None:
-        logger.warning("--warmup_steps %d is cut to %d: the run has %d steps and decays over the last %d "
-                       "(lower --warmup_steps or --decay_ratio, or train longer)", schedule["warmup_steps_asked"],
-                       schedule["warmup_steps"], schedule["total_steps"], schedule["decay_steps"])
+    cut = warmup_cut_warning(run.recipe["schedule"])
+    if cut and budget is None:
+        logger.warning(cut)
     start_trackers(plan, accelerator)
     return run, tokenizer, state
 

@@ -17,7 +17,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import pyarrow.compute as pc
 import torch
 from accelerate import Accelerator
 from datasets import DatasetDict
@@ -314,6 +313,9 @@ def check_training_arguments(train_args: TrainArguments) -> None:
     check_optimizer_arguments(train_args)
     if train_args.max_minutes is not None and train_args.max_minutes <= 0:
         raise ValueError(f"--max_minutes must be > 0 (or left out for no time budget), got {train_args.max_minutes}")
+    for name, value in vars(train_args).items():  # NaN passes the comparisons above; inf only as no clipping
+        if isinstance(value, float) and not math.isfinite(value) and not (name == "max_grad_norm" and value > 0):
+            raise ValueError(f"--{name} must be a finite number, got {value}")
     if train_args.push_to_hub:
         if not train_args.hub_model_id:
             raise ValueError("--push_to_hub needs --hub_model_id USER/NAME")
@@ -439,29 +441,43 @@ def load_training_corpus(plan: RunPlan) -> Any:
     return corpus
 
 
-LAYOUT = "corpus_layout"  # run identity key: rows of each split, characters of validation
+LAYOUT = "corpus_layout"  # run identity key: rows of each split, characters and digest of validation
+VALIDATION_TEXT = "validation_sha256"  # not in the layout of checkpoints saved before it was recorded
 
 
-def corpus_layout(corpus: DatasetDict) -> dict[str, int]:
-    """How the corpus splits: the rows of train and validation and the characters of validation. Text edited in
-    place keeps it; records added or removed, or a text cut short, change which samples validation holds."""
+def corpus_layout(corpus: DatasetDict) -> dict[str, Any]:
+    """How the corpus splits: the rows of train and validation, and the characters and a digest (sha256 of the
+    texts in order) of validation. Training text edited in place keeps it; records added, removed or moved, or
+    validation text edited, change what validation holds."""
     columns = [c for c in ("text", "source", "target") if c in corpus["validation"].column_names]
-    chars = sum(int(pc.sum(pc.utf8_length(batch[c])).as_py() or 0) for batch in
-                corpus["validation"].with_format("arrow").iter(batch_size=10_000) for c in columns)
-    return {"train_rows": len(corpus["train"]), "validation_rows": len(corpus["validation"]), "validation_chars": chars}
+    digest, chars = hashlib.sha256(), 0
+    for batch in corpus["validation"].iter(batch_size=10_000):
+        for row in zip(*(batch[c] for c in columns), strict=True):
+            for text in row:
+                chars += len(text or "")
+                digest.update((text or "").encode("utf-8", "surrogatepass") + b"\0")  # \0: where each text ends
+    return {"train_rows": len(corpus["train"]), "validation_rows": len(corpus["validation"]), "validation_chars": chars,
+            VALIDATION_TEXT: digest.hexdigest()}
 
 
 def check_same_layout(plan: RunPlan) -> None:
-    """A resumed run's corpus splits as its checkpoint's did (with --accept_changed_inputs too): otherwise text the
-    run trained on could now be in validation."""
+    """A resumed run's corpus splits as its checkpoint's did, and its validation holds the same text (with
+    --accept_changed_inputs too): otherwise text the run trained on could now be in validation. A checkpoint
+    saved before the validation digest was recorded is compared on the rest."""
     stored = (plan.resume_state or {}).get(LAYOUT)
     now = plan.identity[LAYOUT]
-    if not isinstance(stored, dict) or stored == now:
+    if not isinstance(stored, dict):
         return
-    diff = "; ".join(f"{k}: checkpoint has {stored.get(k)}, now {now[k]}" for k in now if stored.get(k) != now[k])
-    raise ValueError(f"the corpus no longer splits as in checkpoint {plan.checkpoint} ({diff}): records were added "
-                     "or removed, or text was cut, so text the run trained on could now be validated on. Restore the "
-                     "input, or start a new run in another --output_dir")
+    changed = [key for key in now if key in stored and stored[key] != now[key]]
+    if changed == [VALIDATION_TEXT]:
+        raise ValueError(f"the validation text is not the one of checkpoint {plan.checkpoint} (same rows and "
+                         "characters, other text): records were moved or edited, so validation would now hold other "
+                         "text, possibly trained on. Restore the input, or start a new run in another --output_dir")
+    if changed:
+        diff = "; ".join(f"{k}: checkpoint has {stored[k]}, now {now[k]}" for k in changed if k != VALIDATION_TEXT)
+        raise ValueError(f"the corpus no longer splits as in checkpoint {plan.checkpoint} ({diff}): records were "
+                         "added or removed, or text was cut, so text the run trained on could now be validated on. "
+                         "Restore the input, or start a new run in another --output_dir")
 
 
 def tokenizer_staging(plan: RunPlan) -> Path:

@@ -217,8 +217,24 @@ def test_words_that_pandas_reads_as_missing_stay_text(tmp_path, suffix):
 
 def test_a_streamed_row_without_text_is_refused_or_skipped(tmp_path):
     path = _write_rows(tmp_path / "rows.jsonl", [*TEXTS[:6], None, *TEXTS[6:]])
-    with pytest.raises(ValueError, match=r"a row of .*rows.jsonl.* has no text .*--skip_bad_rows"):
+    with pytest.raises(ValueError, match=r"rows.jsonl: row 7 has no text .*--skip_bad_rows"):  # file and row named
         list(load_corpus(str(path), streaming=True, validation_split=10)["train"])
     corpus = load_corpus(str(path), streaming=True, skip_bad_rows=True, validation_split=10)
     texts = [row["text"] for split in corpus.values() for row in split]
     assert len(texts) == len(TEXTS) and all(texts)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_text_column_holding_other_values_is_named(tmp_path, streaming):
+    import json
+
+    mixed = tmp_path / "mixed.jsonl"
+    values = [*TEXTS[:6], 5, *TEXTS[6:], ["a", "list"]]
+    mixed.write_text("".join(json.dumps({"text": v}) + "\n" for v in values))
+    where = "it holds values that are not all strings" if streaming else "mixed.jsonl: row 7 holds 5 \\(int\\)"
+    with pytest.raises(ValueError, match=rf"column 'text' of .*mixed.jsonl' must hold text, but .*{where}.*in quotes"):
+        load_corpus(str(mixed), streaming=streaming)
+    numbers = _write_rows(tmp_path / "numbers.parquet", list(range(30)))
+    where = "it holds int64 values" if streaming else "numbers.parquet: row 1 holds 0 \\(int\\)"
+    with pytest.raises(ValueError, match=rf"must hold text, but .*{where}: write each value as a string"):
+        load_corpus(str(numbers), streaming=streaming)

@@ -202,11 +202,24 @@ def test_verify_names_everything_missing_from_a_non_model_folder(tmp_path):
     (tmp_path / "notes.txt").write_text("not a model")
     with pytest.raises(ModelFolderError) as error:
         verify_model_folder(tmp_path)
-    message = str(error.value)
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
-        assert f"- {name}" in message or f", {name}" in message
+    message = str(error.value)  # one line, each problem after "; "
+    assert message.startswith(f"{tmp_path} is not a complete hf_minitx model folder: config.json: missing")
+    assert "\n" not in message and ":;" not in message
+    for name in ("model.safetensors", "tokenizer.json"):
+        assert f"; {name}" in message
     with pytest.raises(ModelFolderError, match="is not a directory"):
         verify_model_folder(tmp_path / "notes.txt")
+
+
+def test_push_of_an_interrupted_run_says_how_to_finish_it(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "checkpoint-2").mkdir(parents=True)  # a run stopped before its final save: checkpoints, no config.json
+    (run / "checkpoint-2" / "run_state.json").write_text(json.dumps({"step": 2}))
+    assert minitx(["push", "--model_dir", str(run), "--dry_run", str(tmp_path / "stage")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "its run was interrupted" in err[0] and ":;" not in err[0], err
+    assert "--resume_from_checkpoint latest" in err[0] and f"minitx explore --model {run} --run {run}" in err[0]
+    assert not (tmp_path / "stage").exists()
 
 
 def test_verify_requires_a_tokenizer(causal_copy):
@@ -310,6 +323,12 @@ def test_push_shares_an_explorer_page_on_request_and_the_card_links_it(causal_co
     assert not (tmp_path / "refused").exists()
     with pytest.raises(FileNotFoundError, match="make it first: minitx explore"):
         stage_for_upload(causal_copy, tmp_path / "missing", explorer=tmp_path / "nope.html")
+    (tmp_path / "pages").mkdir()
+    assert minitx(["push", "--model_dir", str(causal_copy), "--dry_run", str(tmp_path / "refused"),
+                   "--explorer", str(tmp_path / "pages")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pages is a folder; pass the .html page written by minitx explore" in err[0]
+    assert not (tmp_path / "refused").exists()
 
 
 def test_push_refuses_an_explorer_page_made_from_other_weights(causal_copy, tmp_path, capsys):

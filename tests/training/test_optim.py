@@ -21,6 +21,7 @@ from hf_minitx.training.optim import (
     describe_schedule,
     partition_parameters,
     schedule_factor,
+    warmup_cut_warning,
 )
 
 
@@ -153,6 +154,20 @@ def test_a_warmup_cut_short_is_recorded_as_run_with_the_asked_value_beside_it():
     factor = schedule_factor(args, 60)
     assert factor(29) < 1.0 and factor(30) == pytest.approx(1.0)  # the peak is reached where the record says
     assert "warmup_steps_asked" not in describe_schedule(args, 200)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant_with_warmup", "inverse_sqrt"])
+def test_a_warmup_longer_than_the_run_is_recorded_and_warned_with_the_rates_unchanged(schedule):
+    args = TrainArguments(optimizer="adamw", lr_scheduler_type=schedule, warmup_steps=500)
+    record = describe_schedule(args, 4)
+    assert (record["warmup_steps"], record["warmup_steps_asked"], record["total_steps"]) == (4, 500, 4)
+    assert "never reaches its peak" in warmup_cut_warning(record) and "--warmup_steps 500" in warmup_cut_warning(record)
+    factor = schedule_factor(args, 4)
+    assert [factor(step) for step in range(4)] == pytest.approx([0, 1 / 500, 2 / 500, 3 / 500])  # the asked ramp
+    long_run = describe_schedule(args, 1000)
+    assert "warmup_steps_asked" not in long_run and warmup_cut_warning(long_run) is None
+    wsd = describe_schedule(replace(args, lr_scheduler_type="warmup_stable_decay", decay_ratio=0.5), 60)
+    assert "is cut to 30: the run has 60 steps and decays over the last 30" in warmup_cut_warning(wsd)
 
 
 def test_partition_puts_norms_embeddings_and_biases_out_of_decay(make_config):

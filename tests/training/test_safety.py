@@ -327,6 +327,10 @@ def test_overwrite_refuses_a_folder_holding_the_runs_own_inputs(tmp_path, text_f
     (["--optimizer", "muon", "--muon_weight_decay", "-1"], "--muon_weight_decay must be >= 0 and finite"),
     (["--weight_decay", "inf"], "--weight_decay must be >= 0 and finite"),
     (["--adam_epsilon", "nan"], "--adam_epsilon must be > 0 and finite"),
+    (["--eval_steps", "nan"], "--eval_steps must be a finite number, got nan"),
+    (["--checkpointing_steps", "inf"], "--checkpointing_steps is a whole number of steps or a fraction of the run in (0, 1), got inf"),
+    (["--max_minutes", "nan"], "--max_minutes must be a finite number, got nan"),  # with --max_steps too
+    (["--lr_scheduler_type", "warmup_stable_decay", "--min_lr_ratio", "nan"], "--min_lr_ratio must be"),
     (["--shift_windows", "true", "--streaming"], "--shift_windows cuts packed causal-lm text and does not apply"),
 ])
 def test_bad_counts_are_refused_before_any_work(tmp_path, text_file, capsys, extra, message):  # noqa: F811
@@ -462,3 +466,28 @@ def test_resume_refuses_changed_input_data(tmp_path, text_file, capsys):  # noqa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"input file {data} changed" in err[0]
     assert snapshot(run) == before
+
+
+def test_accepted_edits_that_move_other_text_into_validation_are_refused(tmp_path, capsys):
+    data, run = tmp_path / "rows.jsonl", tmp_path / "run"
+    sentence = "the quick brown fox jumps over a lazy dog while seven small birds sing about rivers and hills"
+
+    def write(numbers: list[int]) -> None:
+        data.write_text("".join(json.dumps({"text": f"record {i:03d}: {sentence}"}) + "\n" for i in numbers))
+
+    write(list(range(120)))
+    train_main(causal_args(data, run, "--max_steps", "2", "--checkpointing_steps", "2"))
+    write(list(range(1, 121)))  # first record deleted, one of equal length appended: same rows and characters
+    before, _ = snapshot(run), capsys.readouterr()
+    args = ["train", *causal_args(data, run, "--max_steps", "4", "--checkpointing_steps", "2",
+                                  "--resume_from_checkpoint", "latest", "--accept_changed_inputs")]
+    assert minitx(args) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]  # not the bars
+    assert len(err) == 1 and "validation would now hold other text, possibly trained on" in err[0], err
+    assert "start a new run in another --output_dir" in err[0] and snapshot(run) == before
+    state_file = run / "checkpoint-2" / "run_state.json"  # a checkpoint saved before the digest was recorded
+    state = json.loads(state_file.read_text())
+    del state["corpus_layout"]["validation_sha256"]
+    state_file.write_text(json.dumps(state))
+    assert minitx(args) == 0  # is compared on rows and characters, as before
+    assert json.loads((run / "checkpoint-4" / "run_state.json").read_text())["step"] == 4
