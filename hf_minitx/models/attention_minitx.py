@@ -105,6 +105,7 @@ def self_attention_mask(
     kv_len: int,
     causal: bool,
     has_padding: bool | None = None,
+    device: torch.device | None = None,
 ) -> torch.Tensor | None:
     """The mask of a self-attention layer, or None where the fused kernel's own `is_causal` is exact.
 
@@ -116,6 +117,7 @@ def self_attention_mask(
         causal: decoder (True) or encoder (False) attention.
         has_padding: whether the 2D mask holds a 0, if the caller knows; None = look (no look under compile,
             where a 2D mask is always applied, to keep host syncs out of the graph).
+        device: where the hidden states are, for a mask built without a 2D mask (CPU if None).
 
     Returns:
         boolean (batch | 1, 1, q_len, kv_len) or None. Every query may see its own position, so a padded
@@ -134,7 +136,7 @@ def self_attention_mask(
         keys = attention_mask[:, :kv_len] != 0  # (batch, kv_len), a new tensor
         keys[:, -1] = True
         return keys[:, None, None, :]  # (batch, 1, 1, kv_len)
-    device = attention_mask.device if attention_mask is not None else None
+    device = attention_mask.device if attention_mask is not None else device
     if causal:
         mask = causal_mask(q_len, kv_len, device, past_len)
     else:

@@ -261,7 +261,8 @@ class MiniTxStack(nn.Module):
         hidden_states, position_embeddings = getattr(self, self.positions_attribute).apply(hidden_states, position_ids)
         hidden_states = self.dropout(hidden_states)
 
-        mask = self_attention_mask(attention_mask, q_len, past_len, kv_len, causal=self.is_decoder, has_padding=has_padding)
+        mask = self_attention_mask(attention_mask, q_len, past_len, kv_len, causal=self.is_decoder,
+                                   has_padding=has_padding, device=inputs_embeds.device)
         cross_mask = None
         if encoder_hidden_states is not None:
             cross_mask = cross_attention_mask(encoder_attention_mask, q_len, cross_padding)

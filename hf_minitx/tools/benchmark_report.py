@@ -96,7 +96,8 @@ def render_page(result: dict) -> str:
 
 
 def headline_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
-    """(measure, hf_minitx, reference, ratio, command) for each headline figure the result holds."""
+    """(measure, hf_minitx, reference, ratio, command) for each headline figure the result holds; a speed measured
+    on a GPU names it."""
     command = f"`{result.get('command', 'minitx benchmark')}`"
     rows = []
     quality = result.get("quality")
@@ -105,13 +106,15 @@ def headline_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
         rows.append((f"quality at equal time, `{corpus}`, {seconds:g} s (bits/byte, lower is better)",
                      f"{figures['ours']['bits_per_byte']:.3f}", f"GPT-2 {figures['reference']['bits_per_byte']:.3f}",
                      f"{figures['ratio']:.3f}x", f"`{quality.get('command', result.get('command'))}`"))
+    machine = result.get("machine", {})
+    where = f", {machine['gpu']}" if machine.get("device", "cpu") != "cpu" and machine.get("gpu") else ""
     for workload, ours, measure in HEADLINE_SPEED_ROWS:
         data = result.get("workloads", {}).get(workload)
         if not data or ours not in data["implementations"]:
             continue
         reference = data["reference"]
         mine, theirs = data["implementations"][ours], data["implementations"][reference]
-        rows.append((f"{measure} (tokens/s)", f"{mine['tokens_per_second']:,.0f}",
+        rows.append((f"{measure} (tokens/s{where})", f"{mine['tokens_per_second']:,.0f}",
                      f"{REFERENCE_NAMES.get(reference, reference)} {theirs['tokens_per_second']:,.0f}",
                      f"{mine['ratio_vs_reference']:.2f}x", command))
     return rows

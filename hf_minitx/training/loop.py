@@ -34,7 +34,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedType, set_seed
 from safetensors import SafetensorError
 from torch import nn
 from torch.utils.data import DataLoader
@@ -782,8 +782,10 @@ def finish(
     accelerator = run.accelerator
     accelerator.wait_for_everyone()
     with StopSignals(then="completing the final save, then stopping", quit_on_second=False) as signals:
+        state_dict = gathered_weights(accelerator, run.model)
         if accelerator.is_main_process and run.output_dir is not None:
-            save_final_folder(run, tokenizer, summary, max_new_tokens=max_new_tokens, card=card)
+            save_final_folder(run, tokenizer, summary, max_new_tokens=max_new_tokens, card=card,
+                              state_dict=state_dict)
         accelerator.wait_for_everyone()
     if push_to and signals.received is None and accelerator.is_main_process:
         from ..hub.push import push_to_hub
@@ -794,17 +796,25 @@ def finish(
     return signals.received
 
 
+def gathered_weights(accelerator: Accelerator, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """A sharded (FSDP) model's full weights, gathered on the CPU; every process must call it. None for the other
+    kinds of run, whose model holds its whole weights and is saved as it is."""
+    if accelerator.distributed_type != DistributedType.FSDP:
+        return None
+    return accelerator.get_state_dict(model)
+
+
 def save_final_folder(
     run: TrainingRun, tokenizer: PreTrainedTokenizerBase | None, summary: dict[str, Any], *, max_new_tokens: int,
-    card: bool,
+    card: bool, state_dict: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """The model, tokenizer, summary and loss curve written into ``.final.partial``, renamed into place (the
-    summary last), then the card."""
+    """The model (``state_dict``: its gathered weights, FSDP), tokenizer, summary and loss curve written into
+    ``.final.partial``, renamed into place (the summary last), then the card."""
     model = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
     partial = run.output_dir / f".final{PARTIAL_SUFFIX}"  # written whole, then renamed file by file
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        save_final_model(model, tokenizer, partial, summary, max_new_tokens=max_new_tokens)
+        save_final_model(model, tokenizer, partial, summary, max_new_tokens=max_new_tokens, state_dict=state_dict)
         draw_loss_curve(run.output_dir, partial / LOSS_CURVE_FILE)
     except (OSError, RuntimeError, SafetensorError) as error:
         shutil.rmtree(partial, ignore_errors=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..folders import write_file
@@ -118,15 +119,17 @@ def save_final_model(
     summary: dict[str, Any],
     *,
     max_new_tokens: int,
+    state_dict: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write the Hub-ready folder from the unwrapped (uncompiled) model; returns the folder.
 
     Weights, config, generation config, the tokenizer (toy experiments have none) and the summary; the
     loss curve and the model card are drawn and rendered by the caller, from what is written here.
+    ``state_dict``: the weights to write where the model holds only its shard of them (FSDP), else None.
     """
     output_dir = Path(output_dir)
     set_generation_defaults(model, tokenizer, max_new_tokens)
-    model.save_pretrained(output_dir)
+    model.save_pretrained(output_dir, state_dict=state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(output_dir)
     summary = {**summary, "final_metrics": {k: _clean(v) for k, v in summary["final_metrics"].items()}}

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 from datasets import DatasetDict
 from torch import nn
 from transformers import PreTrainedTokenizerBase
@@ -405,6 +406,7 @@ def make_accelerator(train_args: TrainArguments, trackers: list[str]) -> Acceler
         project_dir=train_args.output_dir,
         dynamo_backend="inductor" if train_args.compile else None,
     )
+    check_sharding(accelerator.distributed_type, train_args)
     if effective_precision(accelerator) != accelerator.mixed_precision:
         accelerator.print(f"note: --mixed_precision {precision} is not available on {accelerator.device.type}; "
                           "training runs in fp32 (the summary and the card say so)")
@@ -412,6 +414,14 @@ def make_accelerator(train_args: TrainArguments, trackers: list[str]) -> Acceler
         requested = train_args.num_threads
         torch.set_num_threads(requested or max(1, (os.cpu_count() or 1) // max(1, accelerator.num_processes)))
     return accelerator
+
+
+def check_sharding(distributed_type: DistributedType, train_args: TrainArguments) -> None:
+    """Refuse an optimizer that cannot run on sharded weights: Muon orthogonalises each whole matrix, and FSDP
+    gives every process a slice of it."""
+    if distributed_type == DistributedType.FSDP and train_args.optimizer == "muon":
+        raise ValueError("--optimizer muon needs whole matrices, and an FSDP config shards them over the processes; "
+                         "with FSDP pass --optimizer adamw (or launch without the FSDP config)")
 
 
 def effective_precision(accelerator: Accelerator) -> str:

@@ -81,6 +81,16 @@ def test_self_attention_mask_is_none_when_the_fused_kernel_is_exact():
     assert self_attention_mask(None, 3, 4, 7, causal=True) is not None
 
 
+def test_a_mask_built_without_a_2d_mask_is_made_where_the_hidden_states_are():
+    # several new tokens over a cache, no attention_mask (assisted decoding, a static cache): on CUDA a mask
+    # left on the CPU fails in the attention kernel. The meta device stands in for an accelerator here.
+    meta = torch.device("meta")
+    assert self_attention_mask(None, 3, 4, 7, causal=True, device=meta).device == meta
+    assert self_attention_mask(None, 1, 4, 9, causal=True, device=meta).device == meta  # a static cache
+    assert self_attention_mask(torch.ones(1, 7, device=meta), 3, 4, 7, causal=True, has_padding=True,
+                               device=torch.device("cpu")).device == meta  # a 2D mask decides
+
+
 def test_self_attention_mask_with_left_padding():
     attention_mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
     mask = self_attention_mask(attention_mask, 4, 0, 4, causal=True)

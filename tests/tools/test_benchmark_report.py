@@ -67,6 +67,14 @@ def test_the_headline_names_each_figure_its_reference_its_command_and_the_machin
         assert fact in headline, fact
 
 
+def test_speed_measured_on_a_gpu_names_it_in_the_headline():
+    result = results(quality=False)
+    result["machine"].update(device="cuda", gpu="NVIDIA H200")
+    rows = [line for line in render_headline(result).splitlines() if line.startswith("| ")][1:]
+    assert rows[0].startswith("| decoder-only training (tokens/s, NVIDIA H200) | 126 | GPT-2 105 |")
+    assert "NVIDIA H200, 2 cores, device cuda" in render_headline(result)
+
+
 def test_the_page_has_a_table_per_section_and_skips_the_quality_section_when_absent():
     page = render_page(results())
     assert page.startswith("Measured by `minitx benchmark --quick --no_quality` on 2026-11-25 18:00 UTC")

@@ -161,7 +161,10 @@ def test_one_corpus_end_to_end_both_sides_alone_one_scorer(tmp_path):
     assert figures["first"] == "ours"  # the first corpus starts with ours; the next one with the reference
     assert figures["ratio"] == pytest.approx(ours["bits_per_byte"] / ref["bits_per_byte"])
     assert 0 < ours["bits_per_byte"] < 8 and 0 < ref["bits_per_byte"] < 8
-    assert ours["time_budget"]["planned_steps"] == ours["steps"] and ours["train_seconds"] <= 6 * 1.05  # the clock cap sits past T; a busy worker may reach it
+    plan = ours["time_budget"]  # the plan runs whole, unless a busy worker slowed it into the clock cap past T
+    assert (plan["ended_by"], ours["steps"]) == ("plan", plan["planned_steps"]) or \
+        (plan["ended_by"] == "clock" and 0 < ours["steps"] < plan["planned_steps"])
+    assert ours["train_seconds"] <= 6 * 1.05
     assert ref["train_seconds"] >= 6 and ref["steps"] > 0
     for side in (ours, ref):
         seconds = [p["seconds"] for p in side["curve"]]
