@@ -25,10 +25,15 @@ class ModelFolderError(ValueError):
     """A model folder is missing a file or holds a broken one; the message names each file."""
 
 
+def is_interrupted_run(folder: Path) -> bool:
+    """Whether ``folder`` is a training run that was interrupted: checkpoints, and no final config.json."""
+    return not (folder / "config.json").is_file() and any(folder.glob("checkpoint-*/run_state.json"))
+
+
 def refuse_interrupted_run(folder: Path) -> None:
     """A training run that was interrupted (checkpoints, no final config.json) is refused, saying how to finish it
     and how to look at its checkpoints meanwhile."""
-    if not (folder / "config.json").is_file() and any(folder.glob("checkpoint-*/run_state.json")):
+    if is_interrupted_run(folder):
         raise FileNotFoundError(f"{folder} holds checkpoints but no final model (no config.json): its run was "
                                 "interrupted. Resume it with the same `minitx train` command plus "
                                 "--resume_from_checkpoint latest; its final folder can then be read. `minitx "

@@ -1,6 +1,7 @@
 """Shared test setup: offline Hugging Face, one torch thread, tiny model factories."""
 
 import os
+import socket
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -21,6 +22,13 @@ DECODE_LAYOUT_MIN_NEW_TOKENS = decoding_minitx.DECODE_LAYOUT_MIN_NEW_TOKENS
 def decode_layout_for_every_generate_call(monkeypatch):
     """Every test's generate() call takes the decode layout, so parity tests cover it whatever their length."""
     monkeypatch.setattr(decoding_minitx, "DECODE_LAYOUT_MIN_NEW_TOKENS", 1)
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for a process group's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def tiny_config(**overrides):

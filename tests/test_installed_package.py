@@ -3,13 +3,13 @@ checkout cannot be imported, and used from an empty folder the way a user of the
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -18,12 +18,6 @@ def run(command: list[str], cwd: Path, env: dict[str, str], timeout: int = 300) 
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     return done
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ from safetensors.torch import load_file
 from ..data.tokenizer import load_tokenizer
 from ..folders import HTML_TAG, check_output_file, html_written_by_us, read_marker, weights_digest, write_file
 from ..inference import NON_FINITE_OUTPUTS, check_finite_weights, load_model_folder
-from ..model_files import read_safetensors_header
+from ..model_files import is_interrupted_run, read_safetensors_header
 from ..models import MiniTxConfig
 from ..models.positions_minitx import rope_inverse_frequencies
 from ..training.checkpoints import CHECKPOINT_PREFIX, MODEL_FILES, RUN_STATE_FILE, list_checkpoints
@@ -172,8 +172,7 @@ def latest_checkpoint_model(run_dir: Path) -> tuple[Any, Any, int]:
     model = build_model(MiniTxConfig(**settings), tokenizer)
     model.config._attn_implementation = "eager"  # the explorer reads attention weights
     weights = next(folder / n for n in MODEL_FILES if (folder / n).is_file())
-    final_state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    load_snapshot(model, Snapshot(label=folder.name, step=None, path=weights), final_state)
+    load_snapshot(model, Snapshot(label=folder.name, step=None, path=weights), model.state_dict())  # names only
     return model.eval(), tokenizer, int(folder.name.removeprefix(CHECKPOINT_PREFIX))
 
 
@@ -347,8 +346,7 @@ def explore_data(model_dir: str | Path, text: str, *, target: str | None = None,
     if top_k < 1:
         raise ValueError(f"--top_k must be at least 1, got {top_k}")
     model_dir = Path(model_dir)
-    interrupted = not (model_dir / "config.json").is_file() and bool(list_checkpoints(model_dir))
-    if interrupted:
+    if is_interrupted_run(model_dir):
         model, tokenizer, latest = latest_checkpoint_model(model_dir)
     else:
         model, tokenizer = load_model_folder(model_dir, device="cpu", dtype=torch.float32,

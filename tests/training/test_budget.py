@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import KILL_AFTER_FIRST_CHECKPOINT, assert_same_weights, tiny_causal
+from conftest import KILL_AFTER_FIRST_CHECKPOINT, assert_same_weights, free_port, tiny_causal
 from safetensors.torch import load_file
 from test_train import _fresh_accelerate_state, causal_args, records, text_file  # noqa: F401  (fixtures)
 
@@ -166,13 +166,11 @@ def test_a_timed_run_killed_and_resumed_keeps_its_plan_and_equals_a_run_of_that_
 
 @pytest.mark.slow
 def test_two_processes_agree_on_one_plan(text_file, tmp_path):  # noqa: F811
-    from test_train import _free_port
-
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     out = tmp_path / "two"
     subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                     "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                    "--main_process_port", str(_free_port()), "-m", "hf_minitx", "train",
+                    "--main_process_port", str(free_port()), "-m", "hf_minitx", "train",
                     *causal_args(text_file, out, "--max_minutes", "0.15", "--per_device_train_batch_size", "4")],
                    check=True, env=env, cwd=REPO, timeout=300)
     plan = summary_of(out)["time_budget"]  # processes that disagreed would hang in a collective, or differ in steps

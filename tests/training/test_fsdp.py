@@ -12,8 +12,8 @@ import textwrap
 import pytest
 import torch
 from accelerate.utils import DistributedType
+from conftest import free_port
 from safetensors.torch import load_file
-from test_train import _free_port
 
 from hf_minitx.training.arguments import TrainArguments
 from hf_minitx.training.prepare import check_sharding
@@ -55,7 +55,7 @@ SHARDED_SAVE = textwrap.dedent("""
 
 
 def test_the_final_save_writes_the_gathered_weights_of_a_sharded_model(tmp_path):
-    done = subprocess.run([sys.executable, "-c", SHARDED_SAVE, str(tmp_path), str(_free_port())],
+    done = subprocess.run([sys.executable, "-c", SHARDED_SAVE, str(tmp_path), str(free_port())],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "as-is: Attempted to access the data pointer on an invalid python storage" in done.stdout

@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_same_weights, kill_then_resume
+from conftest import assert_same_weights, free_port, kill_then_resume
 
 from hf_minitx.training.loop import main
 
@@ -68,12 +67,6 @@ def test_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_run(corpus, tm
     assert [r["loss"] for r in train_records(straight)] == [r["loss"] for r in train_records(killed)]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_train_on_disjoint_parts_of_the_stream(corpus, tmp_path):
     from hf_minitx.data import load_corpus, load_tokenizer
@@ -82,7 +75,7 @@ def test_two_processes_train_on_disjoint_parts_of_the_stream(corpus, tmp_path):
     out = tmp_path / "two"
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(_free_port())]
+              "--main_process_port", str(free_port())]
     args = stream_args(corpus, out, "--max_steps", "5", "--checkpointing_steps", "5")
     subprocess.run([*launch, "-m", "hf_minitx", "train", *args], check=True, env=ENV, cwd=REPO, timeout=300)
     assert json.loads((out / "training_summary.json").read_text())["num_processes"] == 2

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_same_weights, kill_then_resume
+from conftest import assert_same_weights, free_port, kill_then_resume
 from safetensors.torch import load_file
 
 from hf_minitx.training.arguments import parse_training_args
@@ -247,12 +246,6 @@ def test_muon_and_wsd_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_r
 # --- two processes -------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_match_one_process_at_the_same_global_batch(text_file, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -266,7 +259,7 @@ def test_two_processes_match_one_process_at_the_same_global_batch(text_file, tmp
     # On a machine without GPU, --multi_gpu makes accelerate start N processes (torchrun); the training
     # script then joins them as a multi-CPU gloo group. (--cpu would start one process only.)
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port())]
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
     # `-m hf_minitx train`: the form that works with the installed package, no script path needed
     subprocess.run([*launch, "-m", "hf_minitx", "train", *args], check=True, env=env, cwd=REPO, timeout=240)
 

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 import torch
+from conftest import free_port
 from safetensors.torch import load_file
-from test_train import REPO, _free_port, causal_args, text_file  # noqa: F401 (text_file is a fixture)
+from test_train import REPO, causal_args, text_file  # noqa: F401 (text_file is a fixture)
 
 COMMON = ("--max_steps", "4", "--eval_steps", "4", "--per_device_train_batch_size", "4", "--optimizer", "muon")
 
@@ -24,9 +25,9 @@ def launcher(*options: str) -> list[str]:
 def test_two_launchers_train_the_weights_of_one_launcher_with_two_processes(text_file, tmp_path):  # noqa: F811
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     one, two = tmp_path / "one-machine", tmp_path / "two-machines"
-    subprocess.run([*launcher("--num_machines", "1", "--main_process_port", str(_free_port())), "-m", "hf_minitx",
+    subprocess.run([*launcher("--num_machines", "1", "--main_process_port", str(free_port())), "-m", "hf_minitx",
                     "train", *causal_args(text_file, one, *COMMON)], check=True, env=env, cwd=REPO, timeout=240)
-    port = str(_free_port())
+    port = str(free_port())
     machines = [subprocess.Popen(
         [*launcher("--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
                    "--main_process_port", port, "--same_network"),
