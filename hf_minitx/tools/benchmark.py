@@ -45,15 +45,16 @@ from ..device import pick_device
 from ..folders import WRITTEN_BY, check_output_file, write_file
 from .bench_models import QUICK_SHAPE, BenchmarkShape, build, count_parameters, random_ids
 from .data_prep_bench import format_data_prep, run_data_prep
-from .generation_bench import COMPILED_SUFFIX, generation_step
+from .generation_bench import COMPILED_SUFFIX, generation_step, int8_available
 from .quality_bench import QUALITY_CORPORA, QualitySettings, format_quality, plot_curves, run_quality
 
 # Workload name -> (reference implementation, implementations) in the order they are built.
 WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
     "train_causal": ("gpt2", ("gpt2", "gpt2-gelu", "minitx-sdpa", "minitx-eager")),
     "train_seq2seq": ("bart", ("bart", "torch-transformer", "minitx-seq2seq")),
-    "generate_b1": ("gpt2", ("gpt2", "minitx", "gpt2-compiled", "minitx-compiled", "minitx-no-cache", "gpt2-no-cache")),
-    "generate_b8": ("gpt2", ("gpt2", "minitx", "gpt2-compiled", "minitx-compiled")),
+    "generate_b1": ("gpt2", ("gpt2", "minitx", "gpt2-compiled", "minitx-compiled", "minitx-no-cache", "gpt2-no-cache",
+                             "minitx-bf16", "minitx-int8")),
+    "generate_b8": ("gpt2", ("gpt2", "minitx", "gpt2-compiled", "minitx-compiled", "minitx-bf16", "minitx-int8")),
     "generate_seq2seq": ("bart", ("bart", "minitx-seq2seq")),
 }
 MEMORY_IMPLEMENTATIONS = ("gpt2", "minitx-sdpa", "minitx-eager", "bart", "torch-transformer", "minitx-seq2seq")
@@ -156,7 +157,8 @@ def run_workload(workload: str, shape: BenchmarkShape, rounds: int, repeats: int
     else:
         batch = shape.batch if workload == "generate_b8" else 1
         for name in names:
-            if name.endswith(COMPILED_SUFFIX) and compile_backend == "none":
+            if name.endswith(COMPILED_SUFFIX) and compile_backend == "none" or name.endswith("-int8") and not \
+                    int8_available():
                 continue
             steps[name], seconds = generation_step(name, shape, batch, device, compile_backend)
             if seconds is not None:
@@ -172,6 +174,9 @@ def run_workload(workload: str, shape: BenchmarkShape, rounds: int, repeats: int
         if f"{who}{COMPILED_SUFFIX}" in rates:
             compiled, eager = rates[f"{who}{COMPILED_SUFFIX}"], rates[who]
             result[f"{who}_compiled_speedup"] = statistics.median(c / e for c, e in zip(compiled, eager, strict=True))
+    for low in ("minitx-bf16", "minitx-int8"):
+        if low in rates and workload.startswith("generate"):  # over our own fp32, round by round
+            result[f"{low}_vs_fp32"] = statistics.median(x / f for x, f in zip(rates[low], rates["minitx"], strict=True))
     if workload == "generate_b1":
         cached, uncached = rates["minitx"], rates["minitx-no-cache"]
         result["minitx_cache_speedup"] = statistics.median(c / u for c, u in zip(cached, uncached, strict=True))
@@ -379,6 +384,9 @@ def format_table(result: dict) -> str:
                 seconds = data["compile_seconds"][f"{who}{COMPILED_SUFFIX}"]
                 lines.append(f"| {workload} | {who} compiled vs eager (compile {seconds:.0f} s, not timed) | | "
                              f"{data[f'{who}_compiled_speedup']:.2f}x |")
+        for low in ("minitx-bf16", "minitx-int8"):
+            if f"{low}_vs_fp32" in data:
+                lines.append(f"| {workload} | {low} vs minitx fp32 | | {data[f'{low}_vs_fp32']:.2f}x |")
     if "memory" in result:
         lines += ["", "| training peak memory | peak (MiB) | growth over imports (MiB) |", "|---|---:|---:|"]
         for name, mem in result["memory"].items():

@@ -22,6 +22,28 @@ from .bench_models import build, random_ids
 
 COMPILED_SUFFIX = "-compiled"
 SEQ2SEQ_NAMES = ("bart", "minitx-seq2seq")
+# Low-precision rows of hf_minitx: "-bf16" bf16 weights and activations; "-int8" int8 weight-only through torchao
+# (`pip install 'hf_minitx[int8]'`, its row is left out without it), the way from_pretrained(...,
+# quantization_config=TorchAoConfig(Int8WeightOnlyConfig())) builds it.
+LOW_PRECISION_SUFFIXES = ("-bf16", "-int8")
+
+
+def int8_available() -> bool:
+    """Whether torchao (int8 weight-only) can be imported."""
+    import importlib.util
+
+    return importlib.util.find_spec("torchao") is not None
+
+
+def lower_precision(model: nn.Module, name: str) -> nn.Module:
+    """``model`` in the precision ``name``'s suffix asks for (unchanged without one)."""
+    if name.endswith("-bf16"):
+        return model.to(torch.bfloat16)
+    if name.endswith("-int8"):
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+        quantize_(model, Int8WeightOnlyConfig())
+    return model
 
 
 def compile_config(backend: str = "inductor"):
@@ -46,12 +68,13 @@ def generation_step(name: str, shape, batch: int, device: str = "cpu",
                     backend: str = "inductor") -> tuple[Callable[[], int], float | None]:
     """Return (step, compile seconds): step() runs one greedy generate() and returns the tokens made.
 
-    `name` is a benchmark implementation ("gpt2", "minitx", "bart", "minitx-seq2seq", "*-no-cache"), or one of
-    them with "-compiled": static cache + torch.compile with `backend`. For a compiled step the first call
+    `name` is a benchmark implementation ("gpt2", "minitx", "bart", "minitx-seq2seq", "*-no-cache", "minitx-bf16",
+    "minitx-int8"), or one of them with "-compiled": static cache + torch.compile with `backend`. For a compiled step the first call
     (compilation included) runs here; the compile time is that call minus a steady call.
     """
     base = name.removesuffix(COMPILED_SUFFIX)
-    model: nn.Module = build(base, shape).to(device).eval()
+    precise = next((base.removesuffix(s) for s in LOW_PRECISION_SUFFIXES if base.endswith(s)), base)
+    model: nn.Module = lower_precision(build(precise, shape).to(device).eval(), base)
     inputs = generation_inputs(name, shape, batch, device)
     extra: dict = {"use_cache": not base.endswith("no-cache")}
     if name.endswith(COMPILED_SUFFIX):
@@ -79,4 +102,5 @@ def _timed(step: Callable[[], int]) -> float:
     return time.perf_counter() - start
 
 
-__all__ = ["COMPILED_SUFFIX", "SEQ2SEQ_NAMES", "compile_config", "generation_inputs", "generation_step"]
+__all__ = ["COMPILED_SUFFIX", "LOW_PRECISION_SUFFIXES", "SEQ2SEQ_NAMES", "compile_config", "generation_inputs",
+           "generation_step", "int8_available", "lower_precision"]

@@ -9,9 +9,11 @@ import re
 import statistics
 
 import pytest
+import torch
 
 from hf_minitx.tools import benchmark
 from hf_minitx.tools.benchmark import WORKLOADS, BenchmarkShape, count_parameters, summarize
+from hf_minitx.tools.generation_bench import int8_available
 
 TINY = ["--vocab-size", "64", "--context", "16", "--layers", "2", "--hidden", "32", "--heads", "2",
         "--batch", "2", "--seq2seq-len", "8", "--prompt-len", "4", "--new-tokens", "6", "--rounds", "2",
@@ -34,7 +36,8 @@ def test_json_has_every_workload_and_implementation(tiny_run):
     for workload, (reference, names) in WORKLOADS.items():
         data = result["workloads"][workload]
         assert data["reference"] == reference
-        assert set(data["implementations"]) == set(names)
+        int8 = set() if int8_available() else {"minitx-int8"}  # torchao is an opt-in extra
+        assert set(data["implementations"]) == set(names) - int8
         assert all(len(v) == 2 for v in data["raw_tokens_per_second"].values())
     assert set(result["memory"]) == set(benchmark.MEMORY_IMPLEMENTATIONS)
     assert "skipped" in result["mfu"]  # CPU run: MFU is CUDA-only
@@ -75,13 +78,33 @@ def test_figures_positive_finite_and_ratios_match_raw(tiny_run):
             speedup = statistics.median(c / e for c, e in zip(raw[f"{who}-compiled"], raw[who], strict=True))
             assert data[f"{who}_compiled_speedup"] == pytest.approx(speedup)
     assert "compile_seconds" not in result["workloads"]["generate_seq2seq"]
+    for workload in ("generate_b1", "generate_b8"):  # low precision over our own fp32, round by round
+        data = result["workloads"][workload]
+        raw = data["raw_tokens_per_second"]
+        ratio = statistics.median(x / f for x, f in zip(raw["minitx-bf16"], raw["minitx"], strict=True))
+        assert data["minitx-bf16_vs_fp32"] == pytest.approx(ratio)
+        assert f"| {workload} | minitx-bf16 vs minitx fp32 | | {ratio:.2f}x |" in benchmark.format_table(result)
+
+
+def test_the_bf16_row_generates_with_bf16_weights():
+    from hf_minitx.tools.bench_models import build
+    from hf_minitx.tools.generation_bench import generation_step, lower_precision
+
+    shape = BenchmarkShape(vocab_size=64, context=16, layers=2, hidden=32, heads=2, batch=2, seq2seq_len=8,
+                           prompt_len=4, new_tokens=5)
+    model = lower_precision(build("minitx", shape), "minitx-bf16")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert lower_precision(build("minitx", shape), "minitx").dtype == torch.float32
+    step, compile_seconds = generation_step("minitx-bf16", shape, batch=2)
+    assert step() == 2 * 5 and compile_seconds is None
 
 
 def test_compiled_generation_rows_are_left_out_with_backend_none():
     shape = BenchmarkShape(vocab_size=64, context=16, layers=2, hidden=32, heads=2, batch=2, seq2seq_len=8,
                            prompt_len=4, new_tokens=3)
     result = benchmark.run_workload("generate_b8", shape, rounds=1, repeats=1, warmup=0, compile_backend="none")
-    assert set(result["implementations"]) == {"gpt2", "minitx"}
+    assert not any(name.endswith("-compiled") for name in result["implementations"])
+    assert {"gpt2", "minitx", "minitx-bf16"} <= set(result["implementations"])
     assert "compile_seconds" not in result and "minitx_compiled_speedup" not in result
 
 
