@@ -62,9 +62,13 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
         return checkpoints[-1]
     path = Path(spec)
     if not (path / RUN_STATE_FILE).is_file():
+        inside = Path(output_dir) / spec
+        what = "does not exist" if not path.exists() else f"is not a checkpoint folder (no {RUN_STATE_FILE})"
+        hint = (f" (a path is read from the current folder: did you mean {inside}?)"
+                if not path.is_absolute() and (inside / RUN_STATE_FILE).is_file() else "")
         raise FileNotFoundError(
-            f"--resume_from_checkpoint {spec}: not a checkpoint folder (no {RUN_STATE_FILE}); "
-            f"pass 'latest' or a {CHECKPOINT_PREFIX}STEP folder written by this training script"
+            f"--resume_from_checkpoint {spec} {what}{hint}; pass 'latest' or a {CHECKPOINT_PREFIX}STEP folder "
+            "written by this training script"
         )
     return path
 

@@ -66,6 +66,7 @@ from .optim import (
     describe_optimizer,
     describe_schedule,
     relay_schedule,
+    schedule_factor,
     warmup_cut_warning,
 )
 from .outputs import LOSS_CURVE_FILE, SUMMARY_FILE, append_metrics, save_final_model, truncate_metrics
@@ -325,6 +326,7 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
     ).batches_per_epoch
     total_steps, budget = run_length(plan, batches_per_epoch)
     check_not_complete(plan, total_steps)  # before the first write
+    changes = schedule_changes(plan, total_steps, budget)
     scheduler = build_scheduler(optimizer, train_args, total_steps)
     eval_loader = DataLoader(data.validation, batch_size=train_args.per_device_eval_batch_size,
                              collate_fn=data.collate)
@@ -359,11 +361,13 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
         batches = iter(training_loader(data, train_args, accelerator, start=state.step * k, window=shift_window(plan)))
     run = TrainingRun(accelerator, model, optimizer, scheduler, batches, plan.objective, evaluation, settings,
                       plan.output_dir, checkpoint_fields={
-                          **plan.identity, "run_id": run_id,
+                          **plan.identity, "run_id": run_id, SCHEDULE_CHANGES: changes,
                           "global_batch_size": train_args.per_device_train_batch_size * accelerator.num_processes * k},
                       stream=stream, recipe=training_recipe(plan, total_steps, accelerator.num_processes),
                       budget=budget, schedule_args=train_args,
                       best=best if train_args.load_best_model_at_end else None)
+    if changes:
+        run.recipe["schedule"][SCHEDULE_CHANGES] = changes
     cut = warmup_cut_warning(run.recipe["schedule"])
     if cut and budget is None:
         logger.warning(cut)
@@ -396,6 +400,27 @@ def run_length(plan: RunPlan, batches_per_epoch: int | None) -> tuple[int, TimeB
     elif cap is not None and cap <= budget.probe_steps:  # too short to need a probe
         budget.planned_steps, budget.final = cap, True
     return budget.planned_steps or budget.provisional_steps(), budget
+
+
+SCHEDULE_CHANGES = "schedule_changes"  # run state and recipe: resumes that laid the schedule over other steps
+
+
+def schedule_changes(plan: RunPlan, total_steps: int, budget: TimeBudget | None) -> list[dict[str, int]]:
+    """The resumes that laid the schedule over another number of steps (another --max_steps or --num_epochs),
+    carried from checkpoint to checkpoint, this one's added: the new length applies from the step resumed at, and
+    a rate that jumps there is warned of. A time budget keeps its recorded plan, so it never adds one."""
+    saved = plan.resume_state or {}
+    changes = list(saved.get(SCHEDULE_CHANGES) or [])
+    before, step = saved.get("total_steps"), saved.get("step", 0)
+    if budget is not None or not before or before == total_steps:
+        return changes
+    changes.append({"step": step, "total_steps_before": before, "total_steps": total_steps})
+    old, new = schedule_factor(plan.train_args, before)(step), schedule_factor(plan.train_args, total_steps)(step)
+    if not math.isclose(old, new, rel_tol=1e-9, abs_tol=1e-12):
+        logger.warning("the %s schedule was laid over %d steps and is now laid over %d: from step %d on, the learning "
+                       "rate goes from %.3g to %.3g of its peak (recorded in the summary's recipe.schedule)",
+                       plan.train_args.lr_scheduler_type, before, total_steps, step, old, new)
+    return changes
 
 
 def training_recipe(plan: RunPlan, total_steps: int, num_processes: int) -> dict[str, Any]:
@@ -730,7 +755,8 @@ def save_checkpoint(run: TrainingRun, state: RunState, stream_state: dict[str, A
         if accelerator.is_main_process:
             if run.best is not None:
                 run.best.save(partial)
-            write_run_state(partial, {**run.checkpoint_fields, **asdict(state)})
+            write_run_state(partial, {**run.checkpoint_fields, "total_steps": run.settings.total_steps,
+                                      **asdict(state)})
     except (OSError, RuntimeError) as error:
         shutil.rmtree(partial, ignore_errors=True)
         raise write_failure(error, partial, run.output_dir) from None

@@ -491,3 +491,38 @@ def test_accepted_edits_that_move_other_text_into_validation_are_refused(tmp_pat
     state_file.write_text(json.dumps(state))
     assert minitx(args) == 0  # is compared on rows and characters, as before
     assert json.loads((run / "checkpoint-4" / "run_state.json").read_text())["step"] == 4
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "constant_with_warmup"])
+def test_a_resume_with_more_steps_records_the_new_schedule_and_warns_of_a_jump(tmp_path, text_file, caplog,  # noqa: F811
+                                                                             schedule):
+    run = tmp_path / "run"
+    args = causal_args(text_file, run, "--checkpointing_steps", "4", "--lr_scheduler_type", schedule)
+    train_main([*args, "--max_steps", "6"])
+    assert json.loads((run / "checkpoint-4" / "run_state.json").read_text())["total_steps"] == 6
+    caplog.clear()
+    train_main([*args, "--max_steps", "8", "--resume_from_checkpoint", str(run / "checkpoint-4")])
+    recorded = json.loads((run / "training_summary.json").read_text())["recipe"]["schedule"]
+    assert recorded["total_steps"] == 8
+    assert recorded["schedule_changes"] == [{"step": 4, "total_steps_before": 6, "total_steps": 8}]
+    jumps = [r.getMessage() for r in caplog.records if "is now laid over 8" in r.getMessage()]
+    assert len(jumps) == (1 if schedule == "cosine" else 0)  # a constant rate does not move
+    # the record goes on with the run: the checkpoints saved after the resume carry it to later resumes
+    state = json.loads((run / "checkpoint-8" / "run_state.json").read_text())
+    assert state["total_steps"] == 8 and state["schedule_changes"] == recorded["schedule_changes"]
+
+
+def test_a_checkpoint_named_without_its_folder_gets_the_path_it_meant(tmp_path, text_file, capsys, monkeypatch):  # noqa: F811
+    run = tmp_path / "run"
+    args = causal_args(text_file, run, "--checkpointing_steps", "2", "--max_steps", "2")
+    train_main(args)
+    monkeypatch.chdir(tmp_path)  # checkpoint-2 is inside run/, not here
+    capsys.readouterr()
+    assert minitx(["train", *args, "--max_steps", "4", "--resume_from_checkpoint", "checkpoint-2"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "--resume_from_checkpoint checkpoint-2 does not exist (a path is read from the " \
+        f"current folder: did you mean {run / 'checkpoint-2'}?); pass 'latest'" in err[0], err
+    (tmp_path / "empty").mkdir()
+    assert minitx(["train", *args, "--max_steps", "4", "--resume_from_checkpoint", "empty"]) == 2
+    assert "--resume_from_checkpoint empty is not a checkpoint folder (no run_state.json); pass" in \
+        capsys.readouterr().err
