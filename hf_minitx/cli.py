@@ -122,9 +122,13 @@ def _common_pattern(paths: list[str]) -> str:
 
 
 def one_line(message: str) -> str:
-    """A message of several lines as one: its non-blank lines joined with "; " (a last resort: messages are
-    built as one line where they are made)."""
-    return "; ".join(line.strip() for line in message.splitlines() if line.strip())
+    """A message of several lines as one: its non-blank lines joined with "; ", or with a space after a line
+    that ends with a colon (a last resort: messages are built as one line where they are made)."""
+    joined = ""
+    for line in (line.strip() for line in message.splitlines()):
+        if line:
+            joined += ("" if not joined else " " if joined.endswith(":") else "; ") + line
+    return joined
 
 
 def _fail(message: str) -> int:

@@ -275,6 +275,8 @@ def _what_it_holds(folder: Path) -> str:
     made_by = read_marker(folder)
     if made_by:
         return f"it already holds a run of `minitx {made_by.get('command')}`"
+    if (folder / "config.json").is_file():
+        return "it already holds a model folder"
     if holds_run_files(folder):
         return "it already holds a run"
     return "it holds files this command did not make"

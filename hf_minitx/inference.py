@@ -297,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
                               description="Generate with a saved hf_minitx model (decoder-only or encoder-decoder).")
     if args.greedy and args.do_sample:
         raise ValueError("--greedy and --do_sample contradict each other; give one of them")
+    list(checked_texts(args.prompt, option="--prompt"))  # a byte the shell could not decode, named up front
     model, tokenizer = load_model_folder(args.model, device=args.device, dtype=args.dtype)
     do_sample = True if args.do_sample else False if args.greedy or (args.num_beams or 1) > 1 else None
     outputs = generate(  # an asked length past the trained context is refused (in Python: a warning)

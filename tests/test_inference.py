@@ -231,3 +231,10 @@ def test_check_device_refuses_a_device_that_is_not_there(causal_dir, capsys):
         assert minitx(["check-device", "--model_dir", str(causal_dir), "--device", device]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error:"), err
+
+
+def test_a_prompt_the_shell_could_not_decode_is_named_before_loading(tmp_path, capsys):
+    # no model is read first: the folder does not even exist
+    assert minitx(["generate", "--model", str(tmp_path / "none"), "--prompt", "fine", "--prompt", "a \udcff b"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--prompt 'a \\udcff b' has '\\udcff' at character 2, a byte that is not UTF-8" in err[0]

@@ -10,6 +10,7 @@ Special tokens have fixed ids, so model configs can rely on them:
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -21,6 +22,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from ..folders import check_output_folder, write_folder, write_marker
+
+logger = logging.getLogger(__name__)
 
 PAD_TOKEN = "<pad>"
 BOS_TOKEN = "<bos>"
@@ -79,6 +82,9 @@ def train_bpe_tokenizer(
         show_progress=show_progress,
     )
     backend.train_from_iterator(checked_texts(texts, "the texts"), trainer=trainer)  # names a bad text
+    if backend.get_vocab_size() < vocab_size:
+        logger.warning("note: the texts hold merges for only %d tokens, so the tokenizer has %d, not the %d asked "
+                       "(--tokenizer_vocab_size)", backend.get_vocab_size(), backend.get_vocab_size(), vocab_size)
     for token, expected in zip(SPECIAL_TOKENS, range(len(SPECIAL_TOKENS)), strict=True):
         if backend.token_to_id(token) != expected:  # pragma: no cover - guards a tokenizers change
             raise RuntimeError(f"special token {token} got id {backend.token_to_id(token)}, expected {expected}")
@@ -140,18 +146,22 @@ def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerFast:
                          f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); save the tokenizer again") from None
 
 
-def checked_texts(texts: Iterable[str], what: str = "the corpus") -> Iterator[str]:
+def checked_texts(texts: Iterable[str], what: str = "the corpus", option: str | None = None) -> Iterator[str]:
     """Yield `texts`, raising a ValueError that names the first one UTF-8 cannot encode (a lone surrogate
-    such as "\\ud800") and its position; the tokenizer itself would fail without saying where."""
+    such as "\\ud800") and its position; the tokenizer itself would fail without saying where. ``option``: the
+    command-line option the texts came from (a byte the shell could not decode), named instead of a row."""
     for row, text in enumerate(texts):
         try:
             text.encode("utf-8")
             yield text
         except UnicodeEncodeError as error:
+            at = f"{text[error.start]!r} at character {error.start}"
+            if option is not None:
+                raise ValueError(f"{option} {text[:40]!r} has {at}, a byte that is not UTF-8 (the shell passed it "
+                                 "undecoded), so it is not valid Unicode text; pass the text in UTF-8") from None
             raise ValueError(
-                f"row {row} of {what} (starting {text[:40]!r}) has {text[error.start]!r} at character {error.start}, "
-                "a lone surrogate that is not valid Unicode text; fix the data (e.g. decode the file with "
-                "errors='replace') or drop that row") from None
+                f"row {row} of {what} (starting {text[:40]!r}) has {at}, a lone surrogate that is not valid Unicode "
+                "text; fix the data (e.g. decode the file with errors='replace') or drop that row") from None
 
 
 @dataclass

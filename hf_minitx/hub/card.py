@@ -199,6 +199,11 @@ def _recipe_rows(recipe: dict) -> list[tuple[str, str]]:
         text = f"`{schedule['type']}`, {schedule['warmup_steps']} warmup steps, {schedule['total_steps']:,} steps"
         if "decay_steps" in schedule:
             text += f", linear decay over the last {schedule['decay_steps']:,} to {schedule['min_lr_ratio']:g} x peak"
+        if schedule.get("peak_reached") is False:
+            text += " (the warmup outlasted the run: the peak rate was never reached)"
+        for change in schedule.get("schedule_changes") or []:
+            text += (f"; from step {change['step']:,} laid over {change['total_steps']:,} steps instead of "
+                     f"{change['total_steps_before']:,} (a resume)")
         rows.append(("Schedule", text))
     if recipe.get("global_batch_size"):
         rows.append(("Batch", f"{recipe['global_batch_size']} rows per optimizer step ({recipe.get('per_device_train_batch_size')}"

@@ -49,8 +49,9 @@ def _field_problems(config: PretrainedConfig, target: str) -> list[tuple[str, ob
     else:
         wanted += [("norm_type", "layernorm", "GPT-2 uses LayerNorm"),
                    ("qk_norm", False, "GPT-2 has no QK-norm")]
-    if target == "qwen3":
-        wanted.append(("attention_bias", False, "Qwen3's feed-forward has no biases (export with --to llama)"))
+    if target == "qwen3":  # Llama takes biases, but no QK-norm
+        wanted.append(("attention_bias", False, "Qwen3's feed-forward has no biases"
+                       + ("" if config.qk_norm else " (export with --to llama)")))
     wanted.append(("final_logit_softcap", None, f"{name} does not cap its logits"))
     problems = [(key, getattr(config, key), f"{why}; {override(key, value)}")
                 for key, value, why in wanted if getattr(config, key) != value]
@@ -254,7 +255,9 @@ def _saver(model: PreTrainedModel, tokenizer, source: str, args: ExportArguments
     target = args.to
     if args.to == "gguf":
         target = gguf_architecture(model.config, args.gguf_architecture)
-        problems = mapping_problems(model.config, target) + gguf_problems(model.config, target)
+        lost = gguf_problems(model.config, target)  # said once per field: the GGUF form's reason wins
+        problems = [p for p in mapping_problems(model.config, target) if p.split(" ")[0] not in
+                    {q.split(" ")[0] for q in lost}] + lost
         if problems:
             raise ExportRefused(f"the model does not map onto {NAMES[target]} GGUF:\n" + "\n".join(problems))
     stock = to_stock_model(model, target)

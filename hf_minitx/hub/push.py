@@ -135,6 +135,7 @@ def check_explorer_page(path: str | Path, model_dir: str | Path) -> Path:
     page = Path(path)
     remake = f"minitx explore --model {model_dir} --run {model_dir} --text \"...\" --out {page}"
     if page.is_dir():
+        remake = remake.replace(f"--out {page}", f"--out {page / 'explore.html'}")
         raise ValueError(f"--explorer {page} is a folder; pass the .html page written by minitx explore (its "
                          f"--out), or make one: {remake}")
     if not page.is_file():

@@ -177,12 +177,18 @@ def latest_checkpoint_model(run_dir: Path) -> tuple[Any, Any, int]:
 
 
 def check_same_run_id(model_dir: Path, run_dir: Path) -> None:
-    """--run must be the run that trained --model: two runs of the same shapes would mix silently."""
+    """--run must be the run that trained --model: two runs of the same shapes would mix silently. A model folder
+    without a run record (a copy, a staged folder) must hold the run's final weights."""
     ids = {name: (read_marker(folder) or {}).get("run_id") for name, folder in (("--model", model_dir),
                                                                                  ("--run", run_dir))}
     if None not in ids.values() and ids["--model"] != ids["--run"]:
         raise ValueError(f"--run {run_dir} is run {ids['--run']}, but --model {model_dir} was trained by run "
                          f"{ids['--model']}; pass the --run that trained the --model (usually the same folder)")
+    unrecorded = ids["--model"] is None and model_dir.resolve() != run_dir.resolve()
+    if unrecorded and any(run_dir.glob("*.safetensors")) and weights_digest(model_dir) != weights_digest(run_dir):
+        raise ValueError(f"--model {model_dir} has no run record, and its weights are not the final model of --run "
+                         f"{run_dir}, so that run's checkpoints are another model's history; pass the --run that "
+                         "trained the --model, or leave --run out")
 
 
 def load_snapshot(model: Any, snapshot: Snapshot, final_state: dict[str, torch.Tensor]) -> None:

@@ -27,7 +27,7 @@ def encode_text(text: str, tokenizer: Any | None, config: Any) -> list[int]:
     """Token ids of `text`: through the tokenizer, or whitespace-separated integers without one."""
     if not text or not text.strip():
         raise ValueError("The text to inspect is empty; pass some words (or token ids for a model without tokenizer).")
-    text = next(checked_texts([text], "the text to inspect"))  # bytes the shell could not decode are named
+    text = next(checked_texts([text], "the text to inspect", option="--text"))  # bytes the shell could not decode are named
     if tokenizer is not None:
         ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # the caller checks length
     else:

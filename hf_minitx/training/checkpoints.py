@@ -230,6 +230,7 @@ def write_failure(error: BaseException, where: Path, output_dir: Path) -> BaseEx
     last = list_checkpoints(output_dir)
     resume = (f"the last good checkpoint, {last[-1]}, is intact: free some space, then resume with the same "
               "command plus --resume_from_checkpoint latest" if last else
-              "no checkpoint was saved before: free some space and start the run again")
+              "no checkpoint was saved before: free some space and start the run again with the same command "
+              "plus --overwrite_output_dir")
     return OSError(f"cannot write {where.parent} ({reason}; {free / 2**20:,.0f} MiB free there); the unfinished "
                    f"{where.name} was removed and {resume}")

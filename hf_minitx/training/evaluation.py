@@ -116,9 +116,14 @@ def chance_note(metrics: dict[str, float], vocab_size: int) -> str | None:
     loss = metrics.get("eval_loss")
     if loss is None or vocab_size < 2 or (math.isfinite(loss) and loss < math.log(vocab_size / 2)):
         return None
-    return (f"warning: the final evaluation is at chance (perplexity {metrics.get('eval_perplexity', math.inf):.4g} "
-            f"with a {vocab_size}-token vocabulary): the model learned nothing usable. Train longer, or lower the "
-            "learning rate if the loss rose")
+    perplexity = metrics.get("eval_perplexity", math.inf)
+    if not math.isfinite(loss) or loss > math.log(vocab_size) + 1:  # far from uniform: confidently wrong
+        return (f"warning: the final evaluation is far worse than chance (perplexity {perplexity:.4g} with a "
+                f"{vocab_size}-token vocabulary): the training diverged and the model is unusable. Start again with "
+                "a lower --learning_rate (and --muon_learning_rate with Muon)")
+    return (f"warning: the final evaluation is at chance (perplexity {perplexity:.4g} with a {vocab_size}-token "
+            "vocabulary): the model learned nothing usable. Train longer, or lower the learning rate if the loss "
+            "rose")
 
 
 @dataclass

@@ -340,10 +340,9 @@ def _count(params: Iterable[torch.Tensor]) -> int:
 
 
 def describe_schedule(args: OptimizerArguments, total_steps: int) -> dict[str, Any]:
-    """The schedule as a record: its type, the warmup it runs, total steps (and, for WSD, the decay). A warmup cut
-    short by a short run is recorded as run, with ``warmup_steps_asked`` beside it: WSD shortens its warmup to
-    fit the decay; the other schedules keep ramping at the asked pace, so every step of the run is warmup and the
-    peak is never reached."""
+    """The schedule as a record: its type, the warmup it runs, total steps (and, for WSD, the decay). A WSD warmup
+    cut short to fit the decay is recorded as run, with ``warmup_steps_asked`` beside it; the other schedules keep
+    ramping at the asked pace, so a warmup as long as the run is recorded with ``peak_reached: False``."""
     record: dict[str, Any] = {"type": args.lr_scheduler_type, "warmup_steps": args.warmup_steps,
                               "total_steps": total_steps}
     if args.lr_scheduler_type == "warmup_stable_decay":
@@ -352,18 +351,19 @@ def describe_schedule(args: OptimizerArguments, total_steps: int) -> dict[str, A
                       min_lr_ratio=args.min_lr_ratio)
         if warmup != args.warmup_steps:
             record["warmup_steps_asked"] = args.warmup_steps
-    elif args.warmup_steps >= total_steps > 0:  # the rates are unchanged: only the record says what ran
-        record.update(warmup_steps=total_steps, warmup_steps_asked=args.warmup_steps)
+    elif args.warmup_steps >= total_steps > 0:  # the asked ramp runs, cut by the end of the run
+        record["peak_reached"] = False
     return record
 
 
 def warmup_cut_warning(schedule: dict[str, Any]) -> str | None:
     """The warning for a schedule record whose warmup was cut short (``describe_schedule``), or None."""
-    if "warmup_steps_asked" not in schedule:
-        return None
-    asked, total = schedule["warmup_steps_asked"], schedule["total_steps"]
-    if "decay_steps" in schedule:
-        return (f"--warmup_steps {asked} is cut to {schedule['warmup_steps']}: the run has {total} steps and decays "
-                f"over the last {schedule['decay_steps']} (lower --warmup_steps or --decay_ratio, or train longer)")
-    return (f"--warmup_steps {asked} is not shorter than the run ({total} steps): the learning rate rises for the "
-            f"whole run and never reaches its peak (lower --warmup_steps, or train longer)")
+    total = schedule["total_steps"]
+    if "warmup_steps_asked" in schedule:
+        return (f"--warmup_steps {schedule['warmup_steps_asked']} is cut to {schedule['warmup_steps']}: the run has "
+                f"{total} steps and decays over the last {schedule['decay_steps']} (lower --warmup_steps or "
+                "--decay_ratio, or train longer)")
+    if schedule.get("peak_reached") is False:
+        return (f"--warmup_steps {schedule['warmup_steps']} is not shorter than the run ({total} steps): the learning "
+                "rate rises for the whole run and never reaches its peak (lower --warmup_steps, or train longer)")
+    return None

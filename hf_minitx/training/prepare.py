@@ -17,6 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
@@ -76,7 +77,7 @@ from .loss import Objective
 from .optim import check_optimizer_arguments
 from .outputs import SUMMARY_FILE
 from .prepared import PreparedData
-from .stream_data import check_streaming_arguments, prepare_streaming_data
+from .stream_data import STREAMING_EVAL_BLOCKS, check_streaming_arguments, prepare_streaming_data
 
 TRACKERS = ("tensorboard", "trackio", "wandb")
 TOKENIZER_IDS = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
@@ -470,6 +471,15 @@ def corpus_layout(corpus: DatasetDict) -> dict[str, Any]:
             VALIDATION_TEXT: digest.hexdigest()}
 
 
+def streamed_validation_layout(validation: Any, asked: int) -> dict[str, Any]:
+    """What a streaming run evaluates on, as a record: the blocks asked (``--max_eval_samples``) and read, and a
+    digest (sha256) of their tokens. The blocks are read once from the stream's first held-out rows, so records
+    moved in the files change it."""
+    ids = np.asarray(validation.with_format("numpy")["input_ids"])  # (blocks, block_size)
+    return {"validation_blocks_asked": asked, "validation_blocks": int(ids.shape[0]),
+            VALIDATION_TEXT: hashlib.sha256(ids.tobytes()).hexdigest()}
+
+
 def check_same_layout(plan: RunPlan) -> None:
     """A resumed run's corpus splits as its checkpoint's did, and its validation holds the same text (with
     --accept_changed_inputs too): otherwise text the run trained on could now be in validation. A checkpoint
@@ -479,10 +489,20 @@ def check_same_layout(plan: RunPlan) -> None:
     if not isinstance(stored, dict):
         return
     changed = [key for key in now if key in stored and stored[key] != now[key]]
+    if "validation_blocks_asked" in changed:
+        raise ValueError(f"the run of checkpoint {plan.checkpoint} evaluated on --max_eval_samples "
+                         f"{stored['validation_blocks_asked']} blocks, this one asks for "
+                         f"{now['validation_blocks_asked']}: resume with the --max_eval_samples it had, so that its "
+                         "evaluations stay comparable")
+    if "validation_blocks" in changed:  # streaming, as many blocks asked: fewer held-out rows
+        raise ValueError(f"the run of checkpoint {plan.checkpoint} evaluated on {stored['validation_blocks']} "
+                         f"validation blocks, this one would on {now['validation_blocks']}: records were removed or "
+                         "text was cut, so validation would hold other text. Restore the input, or start a new run in "
+                         "another --output_dir")
     if changed == [VALIDATION_TEXT]:
-        raise ValueError(f"the validation text is not the one of checkpoint {plan.checkpoint} (same rows and "
-                         "characters, other text): records were moved or edited, so validation would now hold other "
-                         "text, possibly trained on. Restore the input, or start a new run in another --output_dir")
+        raise ValueError(f"the validation text is not the one of checkpoint {plan.checkpoint} (its size is, its text "
+                         "is not): records were moved or edited, so validation would now hold other text, possibly "
+                         "trained on. Restore the input, or start a new run in another --output_dir")
     if changed:
         diff = "; ".join(f"{k}: checkpoint has {stored[k]}, now {now[k]}" for k in changed if k != VALIDATION_TEXT)
         raise ValueError(f"the corpus no longer splits as in checkpoint {plan.checkpoint} ({diff}): records were "
@@ -593,6 +613,9 @@ def prepare_data(corpus: Any, tokenizer: PreTrainedTokenizerBase, plan: RunPlan)
     data_args, train_args = plan.data_args, plan.train_args
     if data_args.streaming:
         data = prepare_streaming_data(corpus, tokenizer, data_args)
+        asked = data_args.max_eval_samples or STREAMING_EVAL_BLOCKS
+        plan.identity[LAYOUT] = streamed_validation_layout(data.validation, asked)  # a resumed run's must be the same
+        check_same_layout(plan)
     elif data_args.task == "causal-lm":
         collate = block_collator(tokenizer)
         train = tokenize_and_pack(DatasetDict(train=corpus["train"]), tokenizer, data_args.block_size,

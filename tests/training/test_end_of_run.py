@@ -251,6 +251,23 @@ def test_a_full_disk_at_the_final_save_leaves_no_hidden_folder(text_file, tmp_pa
     assert partials(tmp_path) == [] and (out / "checkpoint-4" / "run_state.json").is_file()
 
 
+def test_a_full_disk_at_the_final_save_of_a_run_without_checkpoints_says_how_to_start_again(
+        text_file, tmp_path, monkeypatch, capsys):  # noqa: F811
+    out, args = tmp_path / "run", ["train", *causal_args(text_file, tmp_path / "run", "--max_steps", "2")]
+
+    def full(model, tokenizer, folder, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(loop, "save_final_model", full)
+        assert minitx(args) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]  # not the bars
+    assert len(err) == 1 and "no checkpoint was saved before" in err[0], err
+    assert err[0].endswith("start the run again with the same command plus --overwrite_output_dir")
+    assert minitx(args) == 2  # a plain re-run is refused: the folder holds the unfinished run
+    assert minitx([*args, "--overwrite_output_dir"]) == 0 and (out / "model.safetensors").is_file()  # the advice
+
+
 # --- 2. validation integrity ---------------------------------------------------------------------------------
 
 

@@ -451,7 +451,7 @@ def test_error_messages_of_several_lines_are_printed_as_one(capsys):
         raise ValueError("first part:\n  second part\n\nthird part")
 
     assert run_cli(fails) == 2
-    assert capsys.readouterr().err == "error: first part:; second part; third part\n"
+    assert capsys.readouterr().err == "error: first part: second part; third part\n"
 
 
 def test_resume_refuses_changed_input_data(tmp_path, text_file, capsys):  # noqa: F811
@@ -526,3 +526,31 @@ def test_a_checkpoint_named_without_its_folder_gets_the_path_it_meant(tmp_path, 
     assert minitx(["train", *args, "--max_steps", "4", "--resume_from_checkpoint", "empty"]) == 2
     assert "--resume_from_checkpoint empty is not a checkpoint folder (no run_state.json); pass" in \
         capsys.readouterr().err
+
+
+def test_a_streamed_run_refuses_accepted_edits_that_move_text_into_validation(tmp_path, capsys):
+    data, run = tmp_path / "rows.jsonl", tmp_path / "run"
+    sentence = "the quick brown fox jumps over a lazy dog while seven small birds sing about rivers and hills"
+
+    def write(numbers: list[int], edit: int | None = None) -> None:
+        texts = [f"record {i:03d}: {sentence}" for i in numbers]
+        if edit is not None:
+            texts[edit] = texts[edit].replace("quick", "QUICK")  # edited in place, same length
+        data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+
+    write(list(range(200)))
+    args = causal_args(data, run, "--streaming", "--checkpointing_steps", "2", "--max_eval_samples", "4")
+    train_main([*args, "--max_steps", "2"])
+    resume = ["train", *args, "--max_steps", "4", "--resume_from_checkpoint", "latest", "--accept_changed_inputs"]
+    write(list(range(1, 201)))  # the first record deleted, one of equal length appended
+    capsys.readouterr()
+    assert minitx(resume) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "validation would now hold other text, possibly trained on" in err[0], err
+    assert not (run / "checkpoint-4").exists()
+    write(list(range(200)), edit=5)  # a training row edited in place: what validation holds is unchanged
+    assert minitx(resume) == 0 and (run / "checkpoint-4").is_dir()
+    capsys.readouterr()  # another --max_eval_samples evaluates on other blocks: named, not taken for moved text
+    assert minitx([*resume, "--max_steps", "6", "--max_eval_samples", "2"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "--max_eval_samples 4 blocks, this one asks for 2" in err[0], err

@@ -4,6 +4,7 @@ folder, non-finite loss, and a clear error for each bad input."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -408,3 +409,20 @@ def test_generate_cli_samples_reproducibly_and_decodes_with_beams(causal_run, ca
 def test_generate_cli_on_a_folder_without_model_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a model folder"):
         _generate_cli().main(["--model", str(tmp_path), "--prompt", "hi"])
+
+
+@pytest.mark.parametrize("loss, expected", [
+    (math.log(300) - 0.2, "is at chance (perplexity"),  # near uniform: nothing learned
+    (math.log(300) + 3.0, "is far worse than chance (perplexity"),  # confidently wrong: diverged
+    (float("inf"), "is far worse than chance"),
+    (math.log(300) - 3.0, None),  # it learned
+])
+def test_the_end_of_run_warning_tells_a_diverged_model_from_an_untrained_one(loss, expected):
+    from hf_minitx.training.evaluation import chance_note
+
+    note = chance_note({"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700))}, 300)
+    if expected is None:
+        assert note is None
+        return
+    assert expected in note
+    assert ("lower --learning_rate" in note and "Train longer" not in note) == ("far worse" in expected)
