@@ -11,7 +11,7 @@ makes it map. The exported folder loads with `AutoModelForCausalLM.from_pretrain
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,14 +67,15 @@ def _field_problems(config: PretrainedConfig, target: str) -> list[tuple[str, ob
     return problems
 
 
-def mapping_problems(config: PretrainedConfig, target: str) -> list[str]:
-    """One line per field of a MiniTx `config` that keeps it from mapping onto `target` (empty: it maps)."""
+def mapping_problems(config: PretrainedConfig, target: str, skip: Iterable[str] = ()) -> list[str]:
+    """One line per field of a MiniTx `config` that keeps it from mapping onto `target` (empty: it maps); the
+    fields in `skip` are left to the caller, which says them its own way."""
     if target not in STOCK_TARGETS:
         raise ValueError(f"--to {target!r} is not a stock architecture; choose one of {', '.join(STOCK_TARGETS)}")
     if config.is_encoder_decoder:
         return [f"is_encoder_decoder true: {NAMES[target]} is decoder-only; export a model trained with --task causal-lm"]
     return [f"{key} {str(value).lower() if isinstance(value, bool) else value}: {how}"
-            for key, value, how in _field_problems(config, target)]
+            for key, value, how in _field_problems(config, target) if key not in set(skip)]
 
 
 def check_maps(config: PretrainedConfig, target: str) -> None:
@@ -256,8 +257,7 @@ def _saver(model: PreTrainedModel, tokenizer, source: str, args: ExportArguments
     if args.to == "gguf":
         target = gguf_architecture(model.config, args.gguf_architecture)
         lost = gguf_problems(model.config, target)  # said once per field: the GGUF form's reason wins
-        problems = [p for p in mapping_problems(model.config, target) if p.split(" ")[0] not in
-                    {q.split(" ")[0] for q in lost}] + lost
+        problems = [*mapping_problems(model.config, target, skip=lost), *lost.values()]
         if problems:
             raise ExportRefused(f"the model does not map onto {NAMES[target]} GGUF:\n" + "\n".join(problems))
     stock = to_stock_model(model, target)

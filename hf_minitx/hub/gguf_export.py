@@ -28,12 +28,13 @@ def gguf_architecture(config: PretrainedConfig, asked: str) -> str:
     return "qwen3" if config.qk_norm else "llama"
 
 
-def gguf_problems(config: PretrainedConfig, architecture: str) -> list[str]:
-    """Fields that the stock architecture takes but its GGUF form loses (transformers' reader sets no biases)."""
+def gguf_problems(config: PretrainedConfig, architecture: str) -> dict[str, str]:
+    """Field -> line for the fields that the stock architecture takes but its GGUF form loses (transformers'
+    reader sets no biases)."""
     if config.attention_bias:
-        return [f"attention_bias true: the {architecture} GGUF form has no biases; train with --config_overrides "
-                "attention_bias=false"]
-    return []
+        return {"attention_bias": f"attention_bias true: the {architecture} GGUF form has no biases; train with "
+                                  "--config_overrides attention_bias=false"}
+    return {}
 
 
 def reader_keywords(config: PretrainedConfig, architecture: str) -> dict[str, int]:
