@@ -32,21 +32,34 @@ class BestWeights:
     def loss(self) -> float:
         return (self.metrics or {}).get(METRIC, math.inf)
 
-    def offer(self, model: nn.Module, step: int, metrics: dict[str, float]) -> None:
-        """Keep ``model``'s weights (unwrapped) if ``metrics`` beat the best so far."""
-        loss = metrics.get(METRIC, math.nan)
-        if not loss < self.loss:  # NaN never wins
+    def beaten_by(self, metrics: dict[str, float]) -> bool:
+        """Whether ``metrics`` beat the best so far (NaN never does)."""
+        return metrics.get(METRIC, math.nan) < self.loss
+
+    def offer(self, model: nn.Module, step: int, metrics: dict[str, float],
+              weights: dict[str, torch.Tensor] | None = None) -> None:
+        """Keep ``model``'s weights (unwrapped; or ``weights``, a sharded model's gathered ones) if ``metrics``
+        beat the best so far."""
+        if not self.beaten_by(metrics):
             return
         self.step, self.metrics = step, dict(metrics)
-        self.weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
+        source = model.state_dict() if weights is None else weights
+        self.weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in source.items()}
 
     def better_than(self, metrics: dict[str, float], step: int) -> bool:
         """Whether the kept weights are better than the model of ``step`` scored ``metrics``."""
         return self.weights is not None and self.step != step and self.loss < metrics.get(METRIC, math.inf)
 
-    def restore_into(self, model: nn.Module) -> None:
-        """Put the kept weights back into ``model`` (unwrapped)."""
-        model.load_state_dict(self.weights)
+    def restore_into(self, model: nn.Module, sharded: bool = False) -> None:
+        """Put the kept weights back into ``model`` (unwrapped). ``sharded`` (FSDP, every process calls it): the
+        first process holds the whole weights and sends each process its shards."""
+        if not sharded:
+            model.load_state_dict(self.weights)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, self.weights,
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
     def save(self, folder: Path) -> None:
         """The kept weights into ``folder`` (a checkpoint being written); nothing when there are none."""

@@ -20,7 +20,7 @@ from ..folders import check_marker
 
 CHECKPOINT_PREFIX = "checkpoint-"
 RUN_STATE_FILE = "run_state.json"
-MODEL_FILES = ("model.safetensors", "pytorch_model.bin")
+MODEL_FILES = ("model.safetensors", "pytorch_model.bin", "pytorch_model_fsdp.bin")  # the last: FSDP's whole weights
 OPTIMIZER_FILE = "optimizer.bin"
 # what accelerator.load_state reads besides the model: the optimizer, the scheduler (registered for
 # checkpointing) and the first process's random generators (accelerate skips missing ones silently)
@@ -96,7 +96,7 @@ def check_checkpoint_files(checkpoint: Path, *, streaming: bool = False) -> None
     required = [*STATE_FILES, *(["stream_state_0.npz"] if streaming else [])]
     missing = [name for name in required if not (checkpoint / name).is_file()]
     if not any((checkpoint / name).is_file() for name in MODEL_FILES):
-        missing.insert(0, f"{MODEL_FILES[0]} or {MODEL_FILES[1]}")
+        missing.insert(0, f"{', '.join(MODEL_FILES[:-1])} or {MODEL_FILES[-1]}")
     if missing:
         raise ValueError(f"checkpoint {checkpoint} is incomplete: {checkpoint / missing[0]} is missing; "
                          f"{_FIX.format(checkpoint)}")

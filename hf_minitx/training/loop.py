@@ -548,7 +548,8 @@ def keep_best(run: TrainingRun, state: RunState, outcome: FitOutcome) -> None:
     outcome.kept = {"step": state.step, "eval_loss": last.get("eval_loss"), "last_step": state.step,
                     "last_eval_loss": last.get("eval_loss")}
     if best.better_than(last, state.step):
-        best.restore_into(run.accelerator.unwrap_model(run.model, keep_torch_compile=False))
+        best.restore_into(run.accelerator.unwrap_model(run.model, keep_torch_compile=False),
+                          sharded=run.accelerator.distributed_type == DistributedType.FSDP)
         outcome.kept.update(step=best.step, eval_loss=best.loss)
         outcome.final_metrics = dict(best.metrics)
         run.accelerator.print(f"kept the weights of step {best.step} (eval_loss {best.loss:.4f}): the last "
@@ -709,7 +710,9 @@ def validate(run: TrainingRun, state: RunState) -> dict[str, float]:
     metrics, state.last_samples = run.evaluation(run.model, run.accelerator)
     run.model.train()
     if run.best is not None:
-        run.best.offer(run.accelerator.unwrap_model(run.model, keep_torch_compile=False), state.step, metrics)
+        if run.best.beaten_by(metrics):  # the same on every process: the metrics are reduced
+            run.best.offer(run.accelerator.unwrap_model(run.model, keep_torch_compile=False), state.step, metrics,
+                           weights=gathered_weights(run.accelerator, run.model))
         state.best_step, state.best_metrics = run.best.step, run.best.metrics
     if run.accelerator.is_main_process:
         if run.output_dir is not None:

@@ -112,6 +112,26 @@ def set_generation_defaults(
         generation.do_sample, generation.top_k, generation.temperature = True, 40, 0.8
 
 
+def unsharded_twin(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) -> PreTrainedModel:
+    """A plain model of ``model``'s own class holding ``state_dict`` (a sharded model's gathered weights).
+
+    FSDP turns a model into an instance of a subclass of its own (``FSDPMiniTxForCausalLM``, defined in torch);
+    save_pretrained would copy that class's torch files as the folder's custom code and name it in ``auto_map``.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    own_class = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+    with torch.device("meta"):
+        twin = own_class(model.config)
+    twin.load_state_dict(state_dict, strict=False, assign=True)  # the tied head may be left out
+    twin.tie_weights()
+    twin.generation_config = model.generation_config
+    missing = [name for name, tensor in twin.state_dict().items() if tensor.is_meta]
+    if missing:
+        raise ValueError(f"the gathered weights lack {', '.join(missing[:3])}")
+    return twin
+
+
 def save_final_model(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase | None,
@@ -128,8 +148,10 @@ def save_final_model(
     ``state_dict``: the weights to write where the model holds only its shard of them (FSDP), else None.
     """
     output_dir = Path(output_dir)
+    if state_dict is not None:
+        model = unsharded_twin(model, state_dict)
     set_generation_defaults(model, tokenizer, max_new_tokens)
-    model.save_pretrained(output_dir, state_dict=state_dict)
+    model.save_pretrained(output_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(output_dir)
     summary = {**summary, "final_metrics": {k: _clean(v) for k, v in summary["final_metrics"].items()}}

@@ -407,7 +407,8 @@ def make_accelerator(train_args: TrainArguments, trackers: list[str]) -> Acceler
         project_dir=train_args.output_dir,
         dynamo_backend="inductor" if train_args.compile else None,
     )
-    check_sharding(accelerator.distributed_type, train_args)
+    check_sharding(accelerator.distributed_type, train_args,
+                   getattr(getattr(accelerator.state, "fsdp_plugin", None), "state_dict_type", None))
     if effective_precision(accelerator) != accelerator.mixed_precision:
         accelerator.print(f"note: --mixed_precision {precision} is not available on {accelerator.device.type}; "
                           "training runs in fp32 (the summary and the card say so)")
@@ -417,12 +418,19 @@ def make_accelerator(train_args: TrainArguments, trackers: list[str]) -> Acceler
     return accelerator
 
 
-def check_sharding(distributed_type: DistributedType, train_args: TrainArguments) -> None:
-    """Refuse an optimizer that cannot run on sharded weights: Muon orthogonalises each whole matrix, and FSDP
-    gives every process a slice of it."""
-    if distributed_type == DistributedType.FSDP and train_args.optimizer == "muon":
+def check_sharding(distributed_type: DistributedType, train_args: TrainArguments, state_dict_type: Any = None) -> None:
+    """Refuse what cannot run on sharded weights: Muon orthogonalises each whole matrix, and FSDP gives every
+    process a slice of it; checkpoints are checked and resumed as whole weights (``state_dict_type``, the FSDP
+    config's ``fsdp_state_dict_type``, FULL_STATE_DICT)."""
+    if distributed_type != DistributedType.FSDP:
+        return
+    if train_args.optimizer == "muon":
         raise ValueError("--optimizer muon needs whole matrices, and an FSDP config shards them over the processes; "
                          "with FSDP pass --optimizer adamw (or launch without the FSDP config)")
+    if train_args.checkpointing_steps and "FULL_STATE_DICT" not in str(state_dict_type):
+        raise ValueError(f"--checkpointing_steps with FSDP writes whole weights, and the FSDP config asks for "
+                         f"{getattr(state_dict_type, 'name', state_dict_type)}; set fsdp_state_dict_type: "
+                         "FULL_STATE_DICT in the config (or leave out --checkpointing_steps)")
 
 
 def effective_precision(accelerator: Accelerator) -> str:
