@@ -50,6 +50,20 @@ HTML_TAG = f'<meta name="generator" content="{WRITTEN_BY}">'  # the tag our HTML
 RUN_FILES = ("metrics.jsonl", "training_summary.json", "model.safetensors")  # what any run folder holds
 
 
+def rust_os_error(error: BaseException) -> OSError | None:
+    """The OS error inside an error of a Rust library (safetensors' SafetensorError, tokenizers' plain Exception):
+    "... (os error 28)" or "IoError(Os { code: 28, ... })"; None for other errors."""
+    import re
+
+    if isinstance(error, OSError) or type(error).__name__ not in ("SafetensorError", "Exception"):
+        return None
+    match = re.search(r"\bcode: (\d+)|\(os error (\d+)\)", str(error))
+    if match is None:
+        return None
+    code = int(match.group(1) or match.group(2))
+    return OSError(code, os.strerror(code))
+
+
 def weights_digest(model_dir: Path) -> str:
     """SHA-256 of a model folder's weight files (every ``*.safetensors`` at its top, in name order): what names
     the exact model a page or a report was made from."""

@@ -860,6 +860,8 @@ def _normalise_columns(
     source_column: str | None,
     target_column: str | None,
 ) -> AnyDataset:
+    if split.column_names is None and isinstance(split, IterableDataset):  # a streamed CSV: known once read
+        split = split._resolve_features()
     columns = list(split.column_names or [])
     if task == "seq2seq":
         source = source_column or ("source" if "source" in columns else None)

@@ -21,7 +21,7 @@ from typing import Literal
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from ..folders import check_output_folder, write_folder, write_marker
+from ..folders import check_output_folder, rust_os_error, write_folder, write_marker
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def train_bpe_tokenizer(
     backend.train_from_iterator(checked_texts(texts, "the texts"), trainer=trainer)  # names a bad text
     if backend.get_vocab_size() < vocab_size:
         logger.warning("note: the texts hold merges for only %d tokens, so the tokenizer has %d, not the %d asked "
-                       "(--tokenizer_vocab_size)", backend.get_vocab_size(), backend.get_vocab_size(), vocab_size)
+                       "(more text makes more merges)", backend.get_vocab_size(), backend.get_vocab_size(), vocab_size)
     for token, expected in zip(SPECIAL_TOKENS, range(len(SPECIAL_TOKENS)), strict=True):
         if backend.token_to_id(token) != expected:  # pragma: no cover - guards a tokenizers change
             raise RuntimeError(f"special token {token} got id {backend.token_to_id(token)}, expected {expected}")
@@ -188,6 +188,9 @@ class TokenizerArguments:
     model_max_length: int = field(default=1024, metadata={"help": "saved model_max_length"})
     seed: int = field(default=42, metadata={"help": "seed of the validation carve-out and sampling"})
     streaming: bool = field(default=False, metadata={"help": "stream the corpus (use with --max_texts)"})
+    skip_bad_rows: bool = field(default=False, metadata={
+        "help": "replace bytes that are not UTF-8 with U+FFFD and skip rows without text, as `minitx train` does, "
+                "instead of stopping with an error that names them"})
     overwrite: bool = field(default=False, metadata={
         "help": "replace a tokenizer folder minitx train-tokenizer made (refused otherwise)"})
     overwrite_any_folder: bool = field(default=False, metadata={
@@ -208,7 +211,14 @@ def check_tokenizer_arguments(args: TokenizerArguments) -> None:
 
 
 def _save_marked(tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
-    tokenizer.save_pretrained(folder)
+    try:
+        tokenizer.save_pretrained(folder)
+    except Exception as error:  # tokenizers' Rust writer: a full disk is a plain Exception, "(os error 28)"
+        failure = rust_os_error(error)
+        if failure is None:
+            raise
+        raise OSError(f"cannot write {folder.parent} ({failure.strerror}; nothing was left there); free some "
+                      "space and run the same command again") from None
     write_marker(folder, command="train-tokenizer", run_id=uuid.uuid4().hex[:12])
 
 
@@ -230,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
     )
     options = dict(task=task, dataset_config=args.dataset_config, text_column=args.text_column,
                    source_column=args.source_column, target_column=args.target_column, seed=args.seed,
-                   streaming=args.streaming, num_examples=args.num_examples, sample_by=args.sample_by)
+                   streaming=args.streaming, num_examples=args.num_examples, sample_by=args.sample_by,
+                   skip_bad_rows=args.skip_bad_rows)
     try:  # the train split training will read, when the corpus is large enough to carve a validation split
         corpus = load_corpus(args.dataset, **options)
     except TooSmallToSplit:  # a tokenizer needs no validation: train on the whole small corpus

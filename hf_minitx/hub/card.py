@@ -156,7 +156,7 @@ def _training_rows(summary: dict) -> list[tuple[str, str]]:
         rows.append(("Mixed precision", "none (fp32)" if precision == "no" else precision))
     if summary.get("seed") is not None:
         rows.append(("Seed", str(summary["seed"])))
-    return rows + _recipe_rows(summary.get("recipe") or {})
+    return rows + _recipe_rows(summary.get("recipe") or {}, summary.get("steps"))
 
 
 def _budget_rows(summary: dict) -> list[tuple[str, str]]:
@@ -165,7 +165,9 @@ def _budget_rows(summary: dict) -> list[tuple[str, str]]:
     budget = summary.get("time_budget") or {}
     if budget.get("planned_steps"):
         ended = "the plan ran to its end" if budget.get("ended_by") == "plan" else "the clock stopped it first"
-        rows.append(("Time budget", f"{budget['budget_minutes']:g} min: {budget['planned_steps']:,} steps planned after a "
+        planned_for = (f" (planned for {budget['planned_for_minutes']:g} min before a resume)"
+                       if budget.get("planned_for_minutes") else "")
+        rows.append(("Time budget", f"{budget['budget_minutes']:g} min: {budget['planned_steps']:,} steps planned{planned_for} after a "
                      f"{budget['probe_steps']}-step timed probe; {budget['steps_run']:,} ran ({ended})"))
     if summary.get("epochs") is not None:
         rows.append(("Passes over the training data", f"{float(summary['epochs']):.2f}"))
@@ -185,8 +187,9 @@ def _momentum_text(group: dict) -> str:
     return ""
 
 
-def _recipe_rows(recipe: dict) -> list[tuple[str, str]]:
-    """(name, value) rows of the recorded recipe: optimizer and its groups, schedule, batch, lengths, clipping."""
+def _recipe_rows(recipe: dict, steps: int | None = None) -> list[tuple[str, str]]:
+    """(name, value) rows of the recorded recipe: optimizer and its groups, schedule, batch, lengths, clipping,
+    late dropout (``steps``: the steps that ran)."""
     rows = []
     if recipe.get("optimizer"):
         rows.append(("Optimizer", f"`{recipe['optimizer']}`"))
@@ -195,7 +198,9 @@ def _recipe_rows(recipe: dict) -> list[tuple[str, str]]:
                      f"{group['weight_decay']:g}{_momentum_text(group)}, {group['tensors']} tensors, "
                      f"{int(group['parameters']):,} parameters"))
     schedule = recipe.get("schedule") or {}
-    if schedule:
+    if schedule.get("unplanned"):
+        rows.append(("Schedule", f"`{schedule['type']}`, {schedule['warmup_steps']} warmup steps; {schedule['unplanned']}"))
+    elif schedule:
         text = f"`{schedule['type']}`, {schedule['warmup_steps']} warmup steps, {schedule['total_steps']:,} steps"
         if "decay_steps" in schedule:
             text += f", linear decay over the last {schedule['decay_steps']:,} to {schedule['min_lr_ratio']:g} x peak"
@@ -214,6 +219,13 @@ def _recipe_rows(recipe: dict) -> list[tuple[str, str]]:
             rows.append((name, f"{recipe[key]} tokens"))
     if recipe.get("max_grad_norm"):
         rows.append(("Gradient clipping", f"{recipe['max_grad_norm']:g}"))
+    late = recipe.get("late_dropout")
+    if late:
+        text = (f"{late['probability']:g} on the embeddings and sub-layer outputs from step {late['from_step']:,}, "
+                f"after {late['after_passes']:g} passes over the training data")
+        reached = steps is None or steps > late["from_step"]
+        rows.append(("Late dropout", text if reached else f"none: the run ended before step {late['from_step']:,}, "
+                     f"where {late['probability']:g} would have started"))
     return rows
 
 
@@ -382,6 +394,7 @@ def render_model_card(
         explorer_file=EXPLORER_FILE if (folder / EXPLORER_FILE).is_file() else None,
         metric_rows=[(_metric_meta(k)[1], _metric_meta(k)[2].format(v)) for k, v in metrics.items()],
         coverage_sentence=_coverage_sentence(summary),
+        warning=_sanitize(str((summary or {}).get("warning") or "").removeprefix("warning: "), limit=1000),
         samples=samples,
         tokenizer_description=_tokenizer_description(folder, config),
         auto_class=AUTO_CLASSES[kind],

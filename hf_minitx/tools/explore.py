@@ -184,11 +184,26 @@ def check_same_run_id(model_dir: Path, run_dir: Path) -> None:
     if None not in ids.values() and ids["--model"] != ids["--run"]:
         raise ValueError(f"--run {run_dir} is run {ids['--run']}, but --model {model_dir} was trained by run "
                          f"{ids['--model']}; pass the --run that trained the --model (usually the same folder)")
+    trained_by = _summary_run_id(model_dir)  # travels with the weights when a model is copied over another
+    for checkpoint in list_checkpoints(run_dir):
+        saved_by = json.loads((checkpoint / RUN_STATE_FILE).read_text()).get("run_id")
+        if trained_by and saved_by and saved_by != trained_by:
+            raise ValueError(f"--model {model_dir} was trained by run {trained_by} (its training_summary.json), but "
+                             f"{checkpoint} was saved by run {saved_by}: that run's checkpoints are another model's "
+                             "history; pass the --run that trained the --model, or leave --run out")
     unrecorded = ids["--model"] is None and model_dir.resolve() != run_dir.resolve()
     if unrecorded and any(run_dir.glob("*.safetensors")) and weights_digest(model_dir) != weights_digest(run_dir):
         raise ValueError(f"--model {model_dir} has no run record, and its weights are not the final model of --run "
                          f"{run_dir}, so that run's checkpoints are another model's history; pass the --run that "
                          "trained the --model, or leave --run out")
+
+
+def _summary_run_id(model_dir: Path) -> str | None:
+    """The run id training_summary.json records (None: none recorded, or a summary of an older version)."""
+    try:
+        return json.loads((model_dir / "training_summary.json").read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def load_snapshot(model: Any, snapshot: Snapshot, final_state: dict[str, torch.Tensor]) -> None:

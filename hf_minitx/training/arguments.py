@@ -192,6 +192,16 @@ class TrainArguments:
     )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 disables)."})
     label_smoothing: float = field(default=0.0, metadata={"help": "Label smoothing of the training loss (paper: 0.1)."})
+    late_dropout: float = field(
+        default=0.1, metadata={"help": "Dropout on the embeddings and on each sub-layer's output, switched on once "
+                                       "the run has passed over its training data --late_dropout_passes times: a "
+                                       "run that repeats a small corpus overfits without it, and one that does "
+                                       "not learns faster without it (0: off; a model with its own hidden_dropout "
+                                       "keeps that)."}
+    )
+    late_dropout_passes: float = field(
+        default=2.0, metadata={"help": "Passes over the training data after which --late_dropout starts."}
+    )
     max_steps: int | None = field(default=None, metadata={"help": "Optimizer steps to train (overrides num_epochs)."})
     num_epochs: float | None = field(
         default=None, metadata={"help": "Epochs to train when max_steps is unset (default 1; with --max_minutes, "

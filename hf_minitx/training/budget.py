@@ -47,6 +47,7 @@ class TimeBudget:
     seconds_per_evaluation: float | None = None
     planned_steps: int | None = None
     final: bool = False  # the plan no longer changes
+    planned_for_minutes: float | None = None  # a resume under another budget: the one the plan was made for
 
     @property
     def fixed(self) -> bool:
@@ -107,7 +108,8 @@ class TimeBudget:
                 "seconds_per_step": _round(self.seconds_per_step),
                 "seconds_per_evaluation": _round(self.seconds_per_evaluation), "step_cap": self.step_cap,
                 "planned_steps": self.planned_steps, "steps_run": steps_run, "train_seconds": round(train_seconds, 2),
-                "ended_by": "clock" if stopped_by_clock else "plan"}
+                "ended_by": "clock" if stopped_by_clock else "plan",
+                **({"planned_for_minutes": round(self.planned_for_minutes, 4)} if self.planned_for_minutes else {})}
 
 
 @dataclass

@@ -16,7 +16,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..data.streaming import load_stream_state
-from ..folders import check_marker
+from ..folders import check_marker, holds_run_files, rust_os_error
 
 CHECKPOINT_PREFIX = "checkpoint-"
 RUN_STATE_FILE = "run_state.json"
@@ -155,9 +155,10 @@ def check_compatible(checkpoint: Path, stored: dict[str, Any], expected: dict[st
             continue  # compared by check_same_inputs; fields of checkpoints older than their recording
         old = stored.get(key)
         if isinstance(old, dict) and isinstance(value, dict):
+            before = RECORDED_SINCE if key == RECIPE else {}
             for sub in sorted(set(old) | set(value)):
-                if old.get(sub) != value.get(sub):
-                    different[f"{key}.{sub}"] = (old.get(sub), value.get(sub))
+                if old.get(sub, before.get(sub)) != value.get(sub):
+                    different[f"{key}.{sub}"] = (old.get(sub, before.get(sub)), value.get(sub))
         elif old != value:
             different[key] = (old, value)
     if different:
@@ -173,6 +174,7 @@ def check_compatible(checkpoint: Path, stored: dict[str, Any], expected: dict[st
 SPLIT_FIELDS = ("seed", "validation_split", "streaming")  # what defines the validation split, besides the files
 INPUT_FILES = "input_files"  # run identity key: {path: fingerprint} of the local files the run reads
 RECIPE = "recipe"  # run identity key: the optimizer, its rates and decays, the schedule (prepare.optimizer_recipe)
+RECORDED_SINCE = {"late_dropout": 0.0}  # recipe fields older checkpoints lack: what those runs trained with
 
 
 def check_same_inputs(checkpoint: Path, stored: dict[str, Any], expected: dict[str, Any],
@@ -208,29 +210,21 @@ def rotate_checkpoints(output_dir: str | Path, keep: int) -> list[Path]:
 WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EIO)
 
 
-def _safetensors_errno(error: BaseException) -> int | None:
-    """The OS error number inside a SafetensorError ("IoError(Os { code: 28, ... })", or "... (os error 28)" in
-    newer safetensors); None for other errors."""
-    pattern = r"\bcode: (\d+)|\(os error (\d+)\)"
-    match = re.search(pattern, str(error)) if isinstance(error, SafetensorError) else None
-    return int(match.group(1) or match.group(2)) if match else None
-
-
 def write_failure(error: BaseException, where: Path, output_dir: Path) -> BaseException:
     """One-line error for a write that failed (disk full, read-only, quota): the folder, its free space and the
     last good checkpoint. ``error`` itself is returned when it is not a failure to write."""
     torch_write = isinstance(error, RuntimeError) and any(
         text in str(error) for text in ("file write failed", "unexpected pos", "PytorchStreamWriter"))
-    code = error.errno if isinstance(error, OSError) else _safetensors_errno(error)
+    code = error.errno if isinstance(error, OSError) else getattr(rust_os_error(error), "errno", None)
     if code not in WRITE_ERRNOS and not torch_write:
         return error
     reason = os.strerror(code) if code in WRITE_ERRNOS else "the file write failed"
     existing = next((p for p in (where, *where.parents) if p.exists()), Path("/"))
     free = shutil.disk_usage(existing).free
-    last = list_checkpoints(output_dir)
+    last = list_checkpoints(output_dir) if output_dir.is_dir() else []
     resume = (f"the last good checkpoint, {last[-1]}, is intact: free some space, then resume with the same "
               "command plus --resume_from_checkpoint latest" if last else
-              "no checkpoint was saved before: free some space and start the run again with the same command "
-              "plus --overwrite_output_dir")
+              "no checkpoint was saved before: free some space and start the run again with the same command"
+              f"{' plus --overwrite_output_dir' if output_dir.is_dir() and holds_run_files(output_dir) else ''}")
     return OSError(f"cannot write {where.parent} ({reason}; {free / 2**20:,.0f} MiB free there); the unfinished "
                    f"{where.name} was removed and {resume}")

@@ -115,6 +115,7 @@ class RunState:
     last_samples: list[dict[str, str]] = field(default_factory=list)
     planned_steps: int | None = None  # a time budget's plan, once its first timing made one
     plan_final: bool = False  # the plan no longer changes
+    plan_timing: dict[str, float | None] | None = None  # the budget (minutes) and timings the plan was made from
     best_step: int | None = None  # --load_best_model_at_end: the step of the best evaluation so far
     best_metrics: dict[str, float] | None = None
 
@@ -139,6 +140,7 @@ class LoopSettings:
     max_seconds: float | None = None  # time budget of the training steps
     stop_when: tuple[str, float] | None = None  # (eval metric, target): stop once an evaluation reaches it
     show_progress: bool = True
+    late_dropout: tuple[int, float] | None = None  # (from step, probability): hidden dropout switched on there
 
 
 @dataclass
@@ -276,6 +278,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
             release_unclaimed(plan)
         raise
     outcome = fit(run, state)
+    note_unplanned_budget(run, state)
     if outcome.interrupted_by is not None:
         saved = f"saved {outcome.checkpoint}" if outcome.checkpoint else "nothing could be saved"
         raise Interrupted(
@@ -336,6 +339,8 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
     run_id = claim_output_folder(plan) if accelerator.is_main_process else None  # the first write of the run
     accelerator.wait_for_everyone()
     state = resume(plan, accelerator, model)
+    if changes:  # the optimizer came back with the checkpoint's rate: the new length applies from this step on
+        relay_schedule(scheduler, train_args, total_steps)
     best = BestWeights.load(plan.checkpoint, state.best_step, state.best_metrics) if plan.checkpoint else BestWeights()
     evaluation = TextEvaluation(
         eval_loader, plan.objective, tokenizer, prompts=data.prompts, sources=data.sources,
@@ -352,6 +357,7 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
         checkpointing_steps=every(train_args.checkpointing_steps, total_steps), save_total_limit=train_args.save_total_limit,
         max_grad_norm=train_args.max_grad_norm or None, show_progress=not train_args.disable_tqdm,
         max_seconds=budget.cap_seconds if budget is not None else None,
+        late_dropout=late_dropout_plan(train_args, plan.config, batches_per_epoch, k),
     )
     stream = None
     if plan.data_args.streaming:  # this process's rows, tokenized and packed on the fly, from the saved position
@@ -368,6 +374,9 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
                       best=best if train_args.load_best_model_at_end else None)
     if changes:
         run.recipe["schedule"][SCHEDULE_CHANGES] = changes
+    if settings.late_dropout is not None:
+        run.recipe["late_dropout"] = {"probability": settings.late_dropout[1], "from_step": settings.late_dropout[0],
+                                      "after_passes": train_args.late_dropout_passes}
     cut = warmup_cut_warning(run.recipe["schedule"])
     if cut and budget is None:
         logger.warning(cut)
@@ -397,6 +406,14 @@ def run_length(plan: RunPlan, batches_per_epoch: int | None) -> tuple[int, TimeB
     saved = plan.resume_state or {}
     if saved.get("planned_steps"):  # a resumed run continues its plan
         budget.planned_steps, budget.final = saved["planned_steps"], bool(saved.get("plan_final", True))
+        timing = saved.get("plan_timing") or {}
+        if timing and not math.isclose(timing["budget_minutes"], args.max_minutes):
+            budget.planned_for_minutes = timing["budget_minutes"]
+            logger.warning("the plan of %d steps made for --max_minutes %g goes on; --max_minutes %g only moves the "
+                           "clock's stop (recorded in the summary's time_budget); to train longer, pass --max_steps",
+                           budget.planned_steps, timing["budget_minutes"], args.max_minutes)
+        budget.seconds_per_step = timing.get("seconds_per_step")
+        budget.seconds_per_evaluation = timing.get("seconds_per_evaluation")
     elif cap is not None and cap <= budget.probe_steps:  # too short to need a probe
         budget.planned_steps, budget.final = cap, True
     return budget.planned_steps or budget.provisional_steps(), budget
@@ -434,6 +451,31 @@ def training_recipe(plan: RunPlan, total_steps: int, num_processes: int) -> dict
             "max_grad_norm": train_args.max_grad_norm or None, "label_smoothing": train_args.label_smoothing,
             "per_device_train_batch_size": batch, "gradient_accumulation_steps": train_args.gradient_accumulation_steps,
             "global_batch_size": batch * num_processes * train_args.gradient_accumulation_steps, **lengths}
+
+
+def late_dropout_plan(train_args: TrainArguments, config: Any, batches_per_epoch: int | None,
+                      accumulation_steps: int) -> tuple[int, float] | None:
+    """(step, probability) at which --late_dropout switches the hidden dropout on: after --late_dropout_passes
+    passes over the training data. None: off, a stream (read once), or a model with its own hidden_dropout."""
+    if not train_args.late_dropout or batches_per_epoch is None or getattr(config, "hidden_dropout", 0.0):
+        return None
+    step = math.ceil(train_args.late_dropout_passes * batches_per_epoch / accumulation_steps)
+    return step, train_args.late_dropout
+
+
+def switch_on_late_dropout(run: TrainingRun, step: int) -> None:
+    """From the planned step on (a resumed run too), every hidden dropout of the model drops with the planned
+    probability; before it, they keep the model's own (0)."""
+    late = run.settings.late_dropout
+    if late is None or step < late[0]:
+        return
+    model = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
+    switched = [module for module in model.modules() if isinstance(module, nn.Dropout) and module.p != late[1]]
+    for module in switched:
+        module.p = late[1]
+    if switched and step == late[0]:
+        logger.info("step %d: the run starts another pass over its training data with hidden dropout %.2g "
+                    "(--late_dropout)", step, late[1])
 
 
 def shift_window(plan: RunPlan) -> int:
@@ -494,6 +536,7 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
         state.planned_steps, state.plan_final = run.budget.planned_steps, True
     with StopSignals() as signals:
         while state.step < settings.total_steps:
+            switch_on_late_dropout(run, state.step)
             step_start = time.perf_counter()
             untrained = run.stream.state_dict() if run.stream is not None else None  # before the window is drawn
             window = draw_window(run, state, untrained)
@@ -538,6 +581,19 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
     return outcome
 
 
+def note_unplanned_budget(run: TrainingRun, state: RunState) -> None:
+    """A time budget that ended inside its timing probe made no plan: its steps ran the warmup of a provisional
+    schedule. The record says so instead of that schedule's length, and a warning says why."""
+    budget = run.budget
+    if budget is None or budget.planned_steps is not None:
+        return
+    why = (f"no plan: the time budget ended after {state.step} steps, inside its {budget.probe_steps}-step timing "
+           "probe, so the schedule was never laid over the run and did not decay")
+    run.recipe["schedule"] = {"type": run.recipe["schedule"]["type"],
+                              "warmup_steps": run.recipe["schedule"]["warmup_steps"], "unplanned": why}
+    logger.warning("%s; give --max_minutes more time (or train a given number of steps with --max_steps)", why)
+
+
 def keep_best(run: TrainingRun, state: RunState, outcome: FitOutcome) -> None:
     """--load_best_model_at_end: the best evaluation's weights go back into the model when the last evaluation
     is worse; ``outcome`` then reports the kept model's metrics, and records which step it is."""
@@ -575,6 +631,8 @@ def fix_plan(run: TrainingRun, state: RunState, probe: Probe, elapsed: float) ->
     planned = budget.plan(state.step, budget.steps_that_fit(state.step, elapsed, step_seconds, eval_seconds),
                           step_seconds, eval_seconds)
     state.planned_steps, state.plan_final = planned, budget.final
+    state.plan_timing = {"budget_minutes": budget.seconds / 60, "seconds_per_step": budget.seconds_per_step,
+                         "seconds_per_evaluation": budget.seconds_per_evaluation}
     relay_schedule(run.scheduler, args, planned)
     run.settings = replace(run.settings, total_steps=planned, eval_steps=every(args.eval_steps, planned),
                            checkpointing_steps=every(args.checkpointing_steps, planned))
@@ -781,6 +839,7 @@ def run_summary(run: TrainingRun, state: RunState, outcome: FitOutcome) -> dict[
     passes = (None if not run.settings.batches_per_epoch else
               round(state.step * run.settings.accumulation_steps / run.settings.batches_per_epoch, 3))
     return {
+        "run_id": run.checkpoint_fields.get("run_id"),
         "steps": state.step, "tokens_seen": state.tokens_seen, "train_seconds": round(state.train_seconds, 2),
         "epochs": passes if run.stream is None else run.stream.epoch,
         **({"time_budget": run.budget.record(state.step, state.train_seconds, outcome.stopped_by_time_budget)}

@@ -71,6 +71,7 @@ from .checkpoints import (
     check_same_run,
     read_run_state,
     resolve_checkpoint,
+    write_failure,
 )
 from .evaluation import predicted_bytes, text_bytes
 from .loss import Objective
@@ -157,9 +158,9 @@ def shifts_windows(data_args: DataArguments) -> bool:
 
 
 RECIPE_FIELDS = ("optimizer", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
-                 "lr_scheduler_type", "warmup_steps", "max_grad_norm", "label_smoothing")
+                 "lr_scheduler_type", "warmup_steps", "max_grad_norm", "label_smoothing", "late_dropout")
 RECIPE_FIELDS_OF = {"muon": ("muon_learning_rate", "muon_weight_decay", "muon_momentum"),
-                    "warmup_stable_decay": ("decay_ratio", "min_lr_ratio")}
+                    "warmup_stable_decay": ("decay_ratio", "min_lr_ratio"), "late_dropout": ("late_dropout_passes",)}
 
 
 def optimizer_recipe(train_args: TrainArguments) -> dict[str, Any]:
@@ -167,7 +168,8 @@ def optimizer_recipe(train_args: TrainArguments) -> dict[str, Any]:
     its checkpoint, so one that asks for others is refused (``check_compatible`` names the field) rather than
     going on with the old ones without a word."""
     names = [*RECIPE_FIELDS, *RECIPE_FIELDS_OF.get(train_args.optimizer, ()),
-             *RECIPE_FIELDS_OF.get(train_args.lr_scheduler_type, ())]
+             *RECIPE_FIELDS_OF.get(train_args.lr_scheduler_type, ()),
+             *(RECIPE_FIELDS_OF["late_dropout"] if train_args.late_dropout else ())]
     return {name: getattr(train_args, name) for name in names}
 
 
@@ -312,6 +314,10 @@ def check_training_arguments(train_args: TrainArguments) -> None:
                              f"{getattr(train_args, name)}")
     if not 0.0 <= train_args.label_smoothing < 1.0:
         raise ValueError(f"--label_smoothing must be in [0, 1), got {train_args.label_smoothing}")
+    if not 0.0 <= train_args.late_dropout < 1.0:
+        raise ValueError(f"--late_dropout must be in [0, 1) (0: off), got {train_args.late_dropout}")
+    if not train_args.late_dropout_passes > 0:
+        raise ValueError(f"--late_dropout_passes must be > 0, got {train_args.late_dropout_passes}")
     check_optimizer_arguments(train_args)
     if train_args.max_minutes is not None and train_args.max_minutes <= 0:
         raise ValueError(f"--max_minutes must be > 0 (or left out for no time budget), got {train_args.max_minutes}")
@@ -564,9 +570,12 @@ def get_tokenizer(plan: RunPlan, corpus: Any, accelerator: Accelerator) -> PreTr
         shutil.rmtree(staging, ignore_errors=True)
         try:
             tokenizer.save_pretrained(staging)
-        except BaseException:  # an interruption (or a full disk) leaves no half-saved staging folder
+        except BaseException as error:  # an interruption (or a full disk) leaves no half-saved staging folder
             shutil.rmtree(staging, ignore_errors=True)
-            raise
+            failure = write_failure(error, staging, output_dir)
+            if failure is error:
+                raise
+            raise failure from None
     accelerator.wait_for_everyone()
     return load_tokenizer(str(staging))
 

@@ -224,3 +224,15 @@ def test_batches_stack_blocks(corpus_dir, tokenizer):
     assert stream.blocks_yielded == 4
     assert list(itertools.chain(*batch["input_ids"].tolist())) == list(itertools.chain(*take(
         PackedBlockStream(rows, tokenizer, 16, shuffle_buffer=0), 4)))
+
+
+def test_a_csv_never_loaded_before_streams_with_its_columns(tmp_path, monkeypatch):
+    """datasets streams a CSV without knowing its columns until it reads it (column_names None); a fresh file
+    (an empty datasets cache) was refused as having no 'text' column."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    rows = [f"row {i}: NA stays text, and so does null {i}" for i in range(40)]
+    path = tmp_path / "fresh.csv"
+    path.write_text("text\n" + "".join(f'"{row}"\n' for row in rows))
+    splits = load_corpus(str(path), streaming=True, validation_split=4)
+    streamed = [r["text"] for r in itertools.chain(splits["validation"], splits["train"])]
+    assert sorted(streamed) == sorted(rows)

@@ -158,7 +158,19 @@ def test_a_vocabulary_larger_than_the_texts_support_is_noted(caplog):
     with caplog.at_level(logging.WARNING, logger="hf_minitx.data.tokenizer"):
         tokenizer = train_bpe_tokenizer(["the cat sat on the mat"] * 20, vocab_size=5000)
     assert len(tokenizer) < 5000
-    assert f"the tokenizer has {len(tokenizer)}, not the 5000 asked (--tokenizer_vocab_size)" in caplog.text
+    assert f"the tokenizer has {len(tokenizer)}, not the 5000 asked (more text makes more merges)" in caplog.text
     caplog.clear()
     train_bpe_tokenizer(["the cat sat on the mat"] * 20, vocab_size=MIN_VOCAB_SIZE)
     assert "not the" not in caplog.text
+
+
+def test_the_advice_for_bytes_that_are_not_utf8_works_with_train_tokenizer(tmp_path):
+    """The error names --skip_bad_rows, which train-tokenizer did not have."""
+    script = load_script()
+    corpus = tmp_path / "bad.txt"
+    corpus.write_bytes("\n\n".join(TEXTS).encode() + b"\n\xff\xfe bad \xc3\n")
+    with pytest.raises(ValueError, match="pass --skip_bad_rows to replace undecodable bytes"):
+        script.main(["--dataset", str(corpus), "--vocab_size", "300", "--output_dir", str(tmp_path / "a")])
+    out = script.main(["--dataset", str(corpus), "--vocab_size", "300", "--output_dir", str(tmp_path / "b"),
+                       "--skip_bad_rows"])
+    assert len(AutoTokenizer.from_pretrained(out)) == 300

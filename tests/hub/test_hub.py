@@ -560,3 +560,23 @@ def test_card_records_the_training_recipe(causal_copy):
     _write_records(causal_copy, "causal-lm", CAUSAL_METRICS, recipe=recipe)
     assert ("| Schedule | `cosine`, 50 warmup steps, 5 steps (the warmup outlasted the run: the peak rate was never "
             "reached); from step 4 laid over 8 steps instead of 5 (a resume) |") in render_model_card(causal_copy)
+    # late dropout: planned from a pass the 120 steps reached, then from one they did not
+    recipe["late_dropout"] = {"probability": 0.1, "from_step": 100, "after_passes": 2.0}
+    _write_records(causal_copy, "causal-lm", CAUSAL_METRICS, recipe=recipe)
+    assert ("| Late dropout | 0.1 on the embeddings and sub-layer outputs from step 100, after 2 passes over the "
+            "training data |") in render_model_card(causal_copy)
+    recipe["late_dropout"]["from_step"] = 130
+    _write_records(causal_copy, "causal-lm", CAUSAL_METRICS, recipe=recipe)
+    assert ("| Late dropout | none: the run ended before step 130, where 0.1 would have started |"
+            in render_model_card(causal_copy))
+
+
+def test_the_card_of_a_run_that_ended_at_chance_carries_its_warning(causal_copy):
+    warning = ("warning: the final evaluation is far worse than chance (perplexity 1.014e+304 with a 4096-token "
+               "vocabulary): the training diverged and the model is unusable. Start again with a lower --learning_rate")
+    _write_records(causal_copy, "causal-lm", CAUSAL_METRICS, warning=warning)
+    card = render_model_card(causal_copy)
+    assert f"> **Warning:** {warning.removeprefix('warning: ')}" in card
+    assert card.index("> **Warning:**") < card.index("| Metric | Value |")
+    _write_records(causal_copy, "causal-lm", CAUSAL_METRICS)
+    assert "Warning" not in render_model_card(causal_copy)

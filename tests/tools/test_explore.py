@@ -7,6 +7,7 @@ import base64
 import html
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -225,7 +226,8 @@ def test_max_checkpoints_spreads_from_first_to_last():
                                   "target-for-decoder-only", "not-html", "another-models-run", "damaged-checkpoint",
                                   "out-under-a-file", "empty-text", "run-not-a-folder", "no-model-folder",
                                   "nan-weight", "nan-checkpoint", "another-runs-history", "not-utf8-text",
-                                  "interrupted-run", "unrecorded-copy-and-another-run"])
+                                  "interrupted-run", "unrecorded-copy-and-another-run",
+                                  "copied-over-another-run"])
 def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, capsys):
     out = tmp_path / "out" / "page.html"
     argv = ["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]
@@ -277,6 +279,20 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
         assert read_marker(causal_run) is None
         argv += ["--run", str(other)]
         expected = "has no run record, and its weights are not the final model of --run"
+    elif case == "copied-over-another-run":  # `cp A/* B/`: A's files, B's hidden run record and checkpoints
+        other = tmp_path / "other"
+        checkpoint = _checkpoint(other, 5, tiny_causal())
+        (checkpoint / "run_state.json").write_text(json.dumps({"step": 5, "run_id": "run-b"}))
+        write_marker(other, command="train", run_id="run-b")
+        for path in causal_run.iterdir():
+            if path.is_file():
+                shutil.copy(path, other / path.name)
+        summary = json.loads((other / "training_summary.json").read_text()) if (
+            other / "training_summary.json").is_file() else {}
+        (other / "training_summary.json").write_text(json.dumps({**summary, "run_id": "run-a"}))
+        argv[2] = str(other)
+        argv += ["--run", str(other)]
+        expected = f"was trained by run run-a (its training_summary.json), but {checkpoint} was saved by run run-b"
     elif case == "not-utf8-text":  # a byte the shell could not decode arrives as a lone surrogate
         argv[4], expected = "5 9 \udcff 7", "--text '5 9 \\udcff 7' has '\\udcff' at character 4, a byte that is not"
     elif case == "interrupted-run":

@@ -155,6 +155,9 @@ def test_a_timed_run_killed_and_resumed_keeps_its_plan_and_equals_a_run_of_that_
                    check=True, env=env, cwd=REPO, timeout=300)
     plan = summary_of(killed)["time_budget"]
     assert plan["planned_steps"] == saved["planned_steps"] == plan["steps_run"]  # the same plan, run to its end
+    # the record says which budget the plan was made for, and keeps the timings it was made from
+    assert plan["budget_minutes"] == 0.3 and plan["planned_for_minutes"] == 0.1
+    assert plan["seconds_per_step"] == pytest.approx(saved["plan_timing"]["seconds_per_step"], abs=1e-4)
     # the recorded plan repeats the run without a clock, bit for bit
     subprocess.run([sys.executable, "-m", "hf_minitx", "train",
                     *causal_args(text_file, straight, "--max_steps", str(plan["planned_steps"]))],
@@ -252,3 +255,21 @@ def test_the_best_weights_survive_a_resume_and_are_the_ones_saved(text_file, tmp
     assert final.keys() <= at_20.keys()
     assert all(torch.equal(final[k], at_20[k]) for k in final)
     assert "Weights kept" in (out / "README.md").read_text()
+
+
+def test_a_budget_that_ends_inside_its_timing_probe_records_no_plan(text_file, tmp_path, monkeypatch, caplog):  # noqa: F811
+    """--max_minutes shorter than the 20-step probe: the run stops on the clock with no plan, and the record and
+    the card say so instead of the provisional schedule's billion steps."""
+    from hf_minitx.hub.card import render_model_card
+    from hf_minitx.training import loop
+
+    monkeypatch.setattr(loop, "time", TickingClock(0.05))
+    out = tmp_path / "short"
+    main(causal_args(text_file, out, "--max_minutes", "0.02"))
+    summary = summary_of(out)
+    assert summary["time_budget"]["planned_steps"] is None and summary["steps"] < 20
+    schedule = summary["recipe"]["schedule"]
+    assert "total_steps" not in schedule and "inside its 20-step timing probe" in schedule["unplanned"]
+    assert any("give --max_minutes more time" in r.getMessage() for r in caplog.records)
+    assert "inside its 20-step timing probe, so the schedule was never laid over the run" in render_model_card(out)
+    assert "1,000,000,000" not in render_model_card(out)

@@ -34,6 +34,7 @@ import hf_minitx.training.loop as loop
 from hf_minitx.cli import main as minitx
 from hf_minitx.data.corpus import REPLACED_BYTES, load_corpus, local_inputs
 from hf_minitx.folders import LOCK_FILE
+from hf_minitx.training.checkpoints import check_compatible
 from hf_minitx.training.loop import main as train_main
 
 # 5 steps, a checkpoint every 2: the last one before the end is checkpoint-4.
@@ -246,8 +247,8 @@ def test_a_full_disk_at_the_final_save_leaves_no_hidden_folder(text_file, tmp_pa
 
     monkeypatch.setattr(loop, "save_final_model", full)
     assert minitx(["train", *causal_args(text_file, out, *FIVE)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "No space left on device" in err[0] and "checkpoint-4" in err[0]
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]  # not the bars
+    assert len(err) == 1 and "No space left on device" in err[0] and "checkpoint-4" in err[0], err
     assert partials(tmp_path) == [] and (out / "checkpoint-4" / "run_state.json").is_file()
 
 
@@ -345,6 +346,7 @@ def test_a_symlink_in_a_dataset_folder_is_read_once(tmp_path, caplog, suffix, li
     (["--optimizer", "adamw"], "recipe.optimizer: checkpoint has 'muon', this run has 'adamw'"),
     (["--lr_scheduler_type", "linear"],
      "recipe.lr_scheduler_type: checkpoint has 'warmup_stable_decay', this run has 'linear'"),
+    (["--late_dropout", "0.2"], "recipe.late_dropout: checkpoint has 0.1, this run has 0.2"),
 ])
 def test_resuming_with_another_recipe_is_refused_naming_the_field(
         two_steps, text_file, tmp_path, capsys, extra, field):  # noqa: F811
@@ -355,6 +357,16 @@ def test_resuming_with_another_recipe_is_refused_naming_the_field(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and field in err[0] and "a changed rate would not apply" in err[0], err
     assert not (run / "checkpoint-4").exists()
+
+
+def test_a_checkpoint_older_than_late_dropout_resumes_without_it_and_is_refused_with_it(tmp_path):
+    """Checkpoints written before --late_dropout existed trained without it: they resume with --late_dropout 0,
+    and the default (on) is refused naming the field, instead of every such checkpoint being refused."""
+    stored = {"recipe": {"optimizer": "muon", "learning_rate": 0.006}}
+    check_compatible(tmp_path, stored, {"recipe": {"optimizer": "muon", "learning_rate": 0.006, "late_dropout": 0.0}})
+    with pytest.raises(ValueError, match="recipe.late_dropout: checkpoint has 0.0, this run has 0.1"):
+        check_compatible(tmp_path, stored, {"recipe": {"optimizer": "muon", "learning_rate": 0.006,
+                                                       "late_dropout": 0.1, "late_dropout_passes": 2.0}})
 
 
 @pytest.mark.parametrize("edit", ["cut-the-end", "delete-records"])
@@ -551,3 +563,26 @@ def test_bad_bytes_in_a_text_file_read_in_memory_are_named_or_replaced(tmp_path)
     loaded = load_corpus(str(path), skip_bad_rows=True)
     texts = "".join([*loaded["train"]["text"], *loaded["validation"]["text"]])
     assert "caf\ufffd" in texts and len(texts) == len(text) + 4
+
+
+@pytest.mark.parametrize("command", ["train", "train-tokenizer"])
+def test_a_full_disk_while_the_tokenizer_is_saved_is_one_line(text_file, tmp_path, capsys, command):  # noqa: F811
+    """tokenizers' Rust writer reports a full disk as a plain Exception ("... (os error 28)"), which the full-disk
+    handling of the other writes did not know."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        with open(disk / "filler", "wb") as handle:  # leave a few KiB: folders fit, tokenizer.json does not
+            handle.write(b"x" * (shutil.disk_usage(disk).free - 8192))
+        out = disk / "out"
+        args = (["train", *causal_args(text_file, out, *FIVE)] if command == "train" else
+                ["train-tokenizer", "--dataset", str(text_file), "--vocab_size", "300", "--output_dir", str(out)])
+        assert minitx(args) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]  # not the bars
+        assert len(err) == 1 and "No space left on device" in err[0] and "Traceback" not in err[0], err
+        assert f"cannot write {disk} (No space left on device" in err[0] and "--overwrite_output_dir" not in err[0]
+        assert sorted(p.name for p in disk.iterdir()) == ["filler"]  # nothing half-written is left
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)

@@ -21,7 +21,9 @@ from safetensors.torch import load_file
 from test_train import causal_args, records, text_file  # noqa: F401  (text_file is a fixture)
 
 from hf_minitx.cli import main as minitx
+from hf_minitx.training.arguments import TrainArguments
 from hf_minitx.training.loop import main as train_main
+from hf_minitx.training.optim import schedule_factor
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -510,6 +512,13 @@ def test_a_resume_with_more_steps_records_the_new_schedule_and_warns_of_a_jump(t
     # the record goes on with the run: the checkpoints saved after the resume carry it to later resumes
     state = json.loads((run / "checkpoint-8" / "run_state.json").read_text())
     assert state["total_steps"] == 8 and state["schedule_changes"] == recorded["schedule_changes"]
+    # and the steps after the resume run at the new schedule's rates from the first one on (step 5 ran at the old
+    # rate once: the optimizer came back from the checkpoint with it)
+    rates = {r["step"]: r["learning_rate"] for r in records(run, "train")}
+    laid = TrainArguments(lr_scheduler_type=schedule, warmup_steps=2)
+    peak = rates[3] / schedule_factor(laid, 6)(2)  # step 3 ran before the resume, at the 6-step schedule
+    for step in (5, 6, 7, 8):
+        assert rates[step] == pytest.approx(peak * schedule_factor(laid, 8)(step - 1)), step
 
 
 def test_a_checkpoint_named_without_its_folder_gets_the_path_it_meant(tmp_path, text_file, capsys, monkeypatch):  # noqa: F811

@@ -15,9 +15,10 @@ import torch
 from conftest import assert_same_weights, free_port, kill_then_resume
 from safetensors.torch import load_file
 
-from hf_minitx.training.arguments import parse_training_args
+from hf_minitx.models import MiniTxConfig
+from hf_minitx.training.arguments import TrainArguments, parse_training_args
 from hf_minitx.training.checkpoints import write_run_state
-from hf_minitx.training.loop import NonFiniteLossError, main
+from hf_minitx.training.loop import NonFiniteLossError, late_dropout_plan, main
 from hf_minitx.training.prepare import resolve_model_settings, run_identity
 
 REPO = Path(__file__).resolve().parents[2]
@@ -184,6 +185,8 @@ def test_summary_records_the_recipe(causal_run):
     assert sum(g["parameters"] for g in groups) == summary["num_parameters"]  # every parameter, once
     assert all({"name", "optimizer", "learning_rate", "weight_decay", "tensors"} <= set(g) for g in groups)
     assert summary["tokens_seen"] == 30 * 8 * 32
+    # the run id travels with the summary (explore matches it to the checkpoints of a --run)
+    assert summary["run_id"] == json.loads((causal_run / ".minitx-run.json").read_text())["run_id"]
 
 
 # --- exact resume --------------------------------------------------------------------------------
@@ -242,6 +245,36 @@ def test_muon_and_wsd_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_r
         r["learning_rate"] for r in records(killed, "train")]
     train = records(straight, "train")
     assert train[-1]["loss"] < train[0]["loss"] and train[2]["learning_rate"] > 0  # it learns: the schedule reaches Muon
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("passes, after_the_kill", [("0.04", False), ("0.12", True)])
+def test_late_dropout_starts_at_its_planned_pass_and_a_killed_run_resumes_through_it(text_file, tmp_path, passes,
+                                                                                      after_the_kill):
+    """--late_dropout: the steps before its pass train exactly as a run without it, the ones after differently;
+    killed at checkpoint-3, before or after the switch, the resumed run drops as planned and ends bit-identical."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    extra = ("--max_steps", "7", "--checkpointing_steps", "3", "--late_dropout", "0.3", "--late_dropout_passes", passes)
+    straight, killed, plain = tmp_path / "straight", tmp_path / "killed", tmp_path / "plain"
+    kill_then_resume(lambda folder: causal_args(text_file, folder, *extra), straight, killed, env, REPO)
+    assert_same_weights(straight, killed)
+    late = json.loads((straight / "training_summary.json").read_text())["recipe"]["late_dropout"]
+    assert late["probability"] == 0.3 and 1 <= late["from_step"] < 7 and (late["from_step"] > 3) == after_the_kill
+    main(causal_args(text_file, plain, *extra[:4], "--late_dropout", "0"))
+    with_late, without = ([r["loss"] for r in records(folder, "train")] for folder in (straight, plain))
+    first = late["from_step"]  # records are numbered from 1; the step numbered from_step + 1 is the first with it
+    assert with_late[:first] == without[:first]
+    assert all(a != b for a, b in zip(with_late[first:], without[first:], strict=True))
+    assert "late_dropout" not in json.loads((plain / "training_summary.json").read_text())["recipe"]
+
+
+def test_late_dropout_is_planned_in_passes_and_stays_off_where_it_does_not_apply():
+    args = TrainArguments(late_dropout=0.1, late_dropout_passes=2.0)
+    assert late_dropout_plan(args, MiniTxConfig(), batches_per_epoch=659, accumulation_steps=1) == (1318, 0.1)
+    assert late_dropout_plan(args, MiniTxConfig(), batches_per_epoch=659, accumulation_steps=4) == (330, 0.1)
+    assert late_dropout_plan(args, MiniTxConfig(), batches_per_epoch=None, accumulation_steps=1) is None  # a stream
+    assert late_dropout_plan(args, MiniTxConfig(hidden_dropout=0.2), 659, 1) is None  # the model's own dropout
+    assert late_dropout_plan(TrainArguments(late_dropout=0.0), MiniTxConfig(), 659, 1) is None
 
 
 # --- two processes -------------------------------------------------------------------------------
