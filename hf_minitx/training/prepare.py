@@ -377,9 +377,14 @@ def check_not_complete(plan: RunPlan, total_steps: int) -> None:
         steps = json.loads((plan.output_dir / SUMMARY_FILE).read_text()).get("steps")
     except (OSError, ValueError, AttributeError):
         return  # no (readable) final summary: the run goes on and finishes
-    if isinstance(steps, int) and steps >= total_steps and steps >= plan.resume_state["step"]:
+    complete = (plan.output_dir / "config.json").is_file() and any(plan.output_dir.glob("*.safetensors"))
+    if isinstance(steps, int) and steps >= total_steps and steps >= plan.resume_state["step"] and complete:
         raise AlreadyComplete(f"{plan.output_dir} is already complete at step {steps}; nothing to do (raise "
                               "--max_steps to train further)")
+    if plan.resume_state["step"] > total_steps:
+        raise ValueError(f"checkpoint {plan.checkpoint} is at step {plan.resume_state['step']}, past the "
+                         f"{total_steps} steps this run asks for; resume with --max_steps "
+                         f"{plan.resume_state['step']} or more, or start a new run in another --output_dir")
 
 
 def check_global_batch(plan: RunPlan, global_batch_size: int) -> None:

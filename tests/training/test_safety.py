@@ -424,6 +424,22 @@ def test_resuming_a_complete_run_changes_nothing(short_run, text_file, tmp_path,
     assert snapshot(run) == before
 
 
+def test_a_resume_behind_its_checkpoint_is_refused_and_a_summary_without_a_model_is_not_complete(
+        short_run, text_file, tmp_path, capsys):  # noqa: F811
+    run = tmp_path / "run"
+    shutil.copytree(short_run, run)
+    resume = ["train", *causal_args(text_file, run, "--checkpointing_steps", "2", "--resume_from_checkpoint", "latest")]
+    for name in ("model.safetensors", "config.json"):  # a summary alone is not a finished model
+        (run / name).unlink()
+    before = snapshot(run)
+    assert minitx([*resume, "--max_steps", "1"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "is at step 2, past the 1 steps this run asks for; resume with --max_steps 2" in err[0]
+    assert snapshot(run) == before
+    assert minitx([*resume, "--max_steps", "2"]) == 0
+    assert "already complete" not in capsys.readouterr().out and (run / "model.safetensors").is_file()
+
+
 def test_damaged_run_marker_is_named(short_run, text_file, tmp_path, capsys):  # noqa: F811
     run = tmp_path / "run"
     shutil.copytree(short_run, run)
