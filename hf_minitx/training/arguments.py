@@ -192,12 +192,13 @@ class TrainArguments:
     )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 disables)."})
     label_smoothing: float = field(default=0.0, metadata={"help": "Label smoothing of the training loss (paper: 0.1)."})
-    late_dropout: float = field(
-        default=0.1, metadata={"help": "Dropout on the embeddings and on each sub-layer's output, switched on once "
-                                       "the run has passed over its training data --late_dropout_passes times: a "
-                                       "run that repeats a small corpus overfits without it, and one that does "
-                                       "not learns faster without it (0: off; a model with its own hidden_dropout "
-                                       "keeps that)."}
+    late_dropout: float | None = field(
+        default=None, metadata={"help": "Dropout on the embeddings and on each sub-layer's output, switched on once "
+                                        "the run has passed over its training data --late_dropout_passes times: a "
+                                        "run that repeats a small corpus overfits without it, and one that does "
+                                        "not learns faster without it. Default 0.1 for causal-lm, 0 (off) for "
+                                        "seq2seq, where it was not measured; a model with its own hidden_dropout "
+                                        "keeps that."}
     )
     late_dropout_passes: float = field(
         default=2.0, metadata={"help": "Passes over the training data after which --late_dropout starts."}

@@ -12,7 +12,7 @@ import math
 import os
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -157,6 +157,7 @@ def shifts_windows(data_args: DataArguments) -> bool:
     return data_args.shift_windows is not False and data_args.task == "causal-lm" and not data_args.streaming
 
 
+LATE_DROPOUT = 0.1  # causal-lm's default --late_dropout (docs/training.md: the screen that chose it)
 RECIPE_FIELDS = ("optimizer", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
                  "lr_scheduler_type", "warmup_steps", "max_grad_norm", "label_smoothing", "late_dropout")
 RECIPE_FIELDS_OF = {"muon": ("muon_learning_rate", "muon_weight_decay", "muon_momentum"),
@@ -340,6 +341,8 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     """
     settings = resolve_model_settings(model_args, data_args)
     config = build_config(settings, model_args.preset)
+    if train_args.late_dropout is None:  # the task's default (see TrainArguments.late_dropout)
+        train_args = replace(train_args, late_dropout=LATE_DROPOUT if data_args.task == "causal-lm" else 0.0)
     check_training_arguments(train_args)
     check_data_arguments(config, data_args)
     check_streaming_arguments(data_args, train_args)

@@ -128,6 +128,7 @@ def test_seq2seq_loss_falls_and_reports_generation_metrics(tmp_path):
     assert 0.0 <= final["eval_exact_match"] <= 100.0 and 0.0 <= final["eval_bleu"] <= 100.0
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["task"] == "seq2seq" and summary["steps"] == 40
+    assert "late_dropout" not in summary["recipe"]  # off by default for seq2seq (not measured there)
     assert summary["final_metrics"]["eval_exact_match"] == final["eval_exact_match"]
 
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -185,6 +186,7 @@ def test_summary_records_the_recipe(causal_run):
     assert sum(g["parameters"] for g in groups) == summary["num_parameters"]  # every parameter, once
     assert all({"name", "optimizer", "learning_rate", "weight_decay", "tensors"} <= set(g) for g in groups)
     assert summary["tokens_seen"] == 30 * 8 * 32
+    assert recipe["late_dropout"]["probability"] == 0.1  # causal-lm's default
     # the run id travels with the summary (explore matches it to the checkpoints of a --run)
     assert summary["run_id"] == json.loads((causal_run / ".minitx-run.json").read_text())["run_id"]
 
