@@ -12,7 +12,7 @@ import math
 import os
 import shutil
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -342,7 +342,7 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     settings = resolve_model_settings(model_args, data_args)
     config = build_config(settings, model_args.preset)
     if train_args.late_dropout is None:  # the task's default (see TrainArguments.late_dropout)
-        train_args = replace(train_args, late_dropout=LATE_DROPOUT if data_args.task == "causal-lm" else 0.0)
+        train_args.late_dropout = LATE_DROPOUT if data_args.task == "causal-lm" else 0.0
     check_training_arguments(train_args)
     check_data_arguments(config, data_args)
     check_streaming_arguments(data_args, train_args)
