@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 
 from ..data.streaming import load_stream_state
 from ..folders import check_marker, holds_run_files, rust_os_error

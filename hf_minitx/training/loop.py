@@ -534,9 +534,11 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
     probe = None if run.budget is None else Probe.window(run.budget, state.step)
     if run.budget is not None and run.budget.fixed:
         state.planned_steps, state.plan_final = run.budget.planned_steps, True
+    switch_on_late_dropout(run, state.step)  # a resumed run past the switch
     with StopSignals() as signals:
         while state.step < settings.total_steps:
-            switch_on_late_dropout(run, state.step)
+            if settings.late_dropout is not None and state.step == settings.late_dropout[0]:
+                switch_on_late_dropout(run, state.step)
             step_start = time.perf_counter()
             untrained = run.stream.state_dict() if run.stream is not None else None  # before the window is drawn
             window = draw_window(run, state, untrained)

@@ -73,7 +73,7 @@ def run_sharded(script: str, folder) -> subprocess.CompletedProcess:
 
 
 def test_the_final_save_writes_the_gathered_weights_of_a_sharded_model(tmp_path):
-    done = run_sharded(SHARDED_SAVE, tmp_path)
+    run_sharded(SHARDED_SAVE, tmp_path)
     expected = torch.load(tmp_path / "expected.pt")
     saved = load_file(tmp_path / "gathered" / "model.safetensors")
     assert set(saved) == set(expected) - {"lm_head.weight"}  # the tied head is saved once, as save_pretrained does
