@@ -6,7 +6,8 @@ input preparation (`decode_step_inputs`) and three hooks on the forward path: `p
 `project_query_key_value` for self-attention's q/k/v, and the remembered padding of a decode step.
 
 - The decode layout: for the length of a `generate()` call, each decoder weight gets a copy in the layout that
-  single-row products read fastest, and self-attention one q/k/v weight (`set_decode_layout`).
+  single-row products read fastest, and self-attention one q/k/v weight (`set_decode_layout`). Int8 weight-only
+  weights (torchao's) are read as int8 by one fused kernel instead of expanded on every product.
 - The remembered padding: a decode step reuses the prompt's input checks instead of reading tensors back.
 - The growing cache: each step writes its keys and values in place instead of concatenating the whole cache.
 """
@@ -42,11 +43,13 @@ def cache_argument(cache: Cache | None, past_key_values: Cache | None) -> Cache 
 
 class GenerationWeight(NamedTuple):
     """A linear layer's weight as `generate()` reads it: `weight` (out, in) as stored (or fused), and on a CPU
-    `by_input`, a (parts, in, out / parts) copy of a wide weight for single-row products."""
+    `by_input`, a (parts, in, out / parts) copy of a wide weight for single-row products. For int8 weight-only
+    weights, `weight` holds the (out, in) int8 values and `scale` their (out,) bf16 scales."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
     by_input: torch.Tensor | None
+    scale: torch.Tensor | None = None
 
 
 def decode_layout_applies(linear: nn.Module) -> bool:
@@ -69,7 +72,7 @@ def generation_weight(linears: tuple[nn.Linear, ...], parts: int = 1) -> Generat
     (`decode_layout_applies`): those linears keep their own call.
     """
     if not all(map(decode_layout_applies, linears)):
-        return None
+        return int8_generation_weight(linears)
     weights = [p.weight.detach() for p in linears]
     weight = torch.cat(weights) if len(weights) > 1 else weights[0]  # (out, in)
     bias = None
@@ -80,6 +83,44 @@ def generation_weight(linears: tuple[nn.Linear, ...], parts: int = 1) -> Generat
         parts = parts if parts > 1 and weight.shape[0] % parts == 0 else 1
         by_input = weight.t().reshape(weight.shape[1], parts, -1).transpose(0, 1).contiguous()  # (parts, in, out/parts)
     return GenerationWeight(weight, bias, by_input)
+
+
+def int8_rows(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(out, in) int8 values and (out,) scales of a weight quantized weight-only, symmetric, one scale per output
+    row (torchao's `Int8WeightOnlyConfig`, as `TorchAoConfig` loads it), on a CPU; None for any other weight."""
+    weight = getattr(linear, "weight", None)
+    values, scale = getattr(weight, "qdata", None), getattr(weight, "scale", None)
+    if (type(linear) is not nn.Linear or linear._forward_hooks or linear._forward_pre_hooks
+            or not isinstance(values, torch.Tensor) or values.dtype != torch.int8 or values.dim() != 2
+            or values.device.type != "cpu" or not isinstance(scale, torch.Tensor) or scale.numel() != values.shape[0]
+            or not hasattr(torch, "_weight_int8pack_mm")):
+        return None
+    zero_point = getattr(weight, "zero_point", None)
+    if (getattr(weight, "act_quant_kwargs", None) is not None or getattr(weight, "act_pre_scale", None) is not None
+            or list(getattr(weight, "block_size", ())) != [1, values.shape[1]]
+            or (zero_point is not None and bool(zero_point.any()))):
+        return None  # activations quantized too, pre-scaled, per group, or asymmetric: torchao's own call
+    return values, scale.reshape(-1)
+
+
+def int8_generation_weight(linears: tuple[nn.Module, ...]) -> GenerationWeight | None:
+    """One int8 weight for `linears` quantized per output row (`int8_rows`), their outputs concatenated, for
+    `torch._weight_int8pack_mm`: (out, in) int8 values and (out,) bf16 scales. None where one is not such a
+    weight: it keeps its own call.
+
+    The int8 weights are read as int8: a quarter of the bytes of fp32, which is what decoding on a CPU waits for.
+    torchao's own call expands each weight to the activations' dtype on every product. The kernel multiplies bf16
+    rows (the activations are rounded to bf16 for the product only; the rest of the network stays in its dtype).
+    """
+    rows = [int8_rows(linear) for linear in linears]
+    if any(r is None for r in rows):
+        return None
+    values = torch.cat([v for v, _ in rows]) if len(rows) > 1 else rows[0][0].contiguous()  # (out, in) int8
+    scale = torch.cat([s for _, s in rows]).to(torch.bfloat16)  # (out,)
+    bias = None
+    if linears[0].bias is not None:
+        bias = torch.cat([p.bias.detach() for p in linears]) if len(linears) > 1 else linears[0].bias.detach()
+    return GenerationWeight(values, bias, None, scale)
 
 
 def project_with(copy: GenerationWeight, states: torch.Tensor) -> torch.Tensor:
@@ -94,7 +135,11 @@ def project_with(copy: GenerationWeight, states: torch.Tensor) -> torch.Tensor:
     if copy.weight.device.type != "cpu":
         return nn.functional.linear(states, copy.weight, copy.bias)
     flat = states.reshape(-1, states.shape[-1])  # (rows, in)
-    if flat.shape[0] == 1:
+    if copy.scale is not None:  # int8 values, bf16 rows: (rows, in) @ (out, in)^T * scale
+        out = torch._weight_int8pack_mm(flat.to(torch.bfloat16).contiguous(), copy.weight, copy.scale).to(states.dtype)
+        if copy.bias is not None:
+            out = out + copy.bias
+    elif flat.shape[0] == 1:
         if copy.by_input is None:
             return nn.functional.linear(states, copy.weight, copy.bias)
         parts = copy.by_input.shape[0]

@@ -53,10 +53,13 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
     "train_causal": ("gpt2", ("gpt2", "gpt2-gelu", "minitx-sdpa", "minitx-eager")),
     "train_seq2seq": ("bart", ("bart", "torch-transformer", "minitx-seq2seq")),
     "generate_b1": ("gpt2", ("gpt2", "minitx", "gpt2-compiled", "minitx-compiled", "minitx-no-cache", "gpt2-no-cache",
-                             "minitx-bf16", "minitx-int8")),
-    "generate_b8": ("gpt2", ("gpt2", "minitx", "gpt2-compiled", "minitx-compiled", "minitx-bf16", "minitx-int8")),
+                             "minitx-bf16", "minitx-int8", "minitx-int8-compiled")),
+    "generate_b8": ("gpt2", ("gpt2", "minitx", "gpt2-compiled", "minitx-compiled", "minitx-bf16", "minitx-int8",
+                             "minitx-int8-compiled")),
     "generate_seq2seq": ("bart", ("bart", "minitx-seq2seq")),
 }
+# Low-precision generation rows, each also reported over our fp32 eager row round by round.
+LOW_PRECISION_ROWS = ("minitx-bf16", "minitx-int8", "minitx-int8-compiled")
 MEMORY_IMPLEMENTATIONS = ("gpt2", "minitx-sdpa", "minitx-eager", "bart", "torch-transformer", "minitx-seq2seq")
 # Dense bf16 tensor-core peak (FLOP/s) by GPU name fragment, for MFU.
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12}
@@ -157,7 +160,7 @@ def run_workload(workload: str, shape: BenchmarkShape, rounds: int, repeats: int
     else:
         batch = shape.batch if workload == "generate_b8" else 1
         for name in names:
-            if name.endswith(COMPILED_SUFFIX) and compile_backend == "none" or name.endswith("-int8") and not \
+            if name.endswith(COMPILED_SUFFIX) and compile_backend == "none" or "-int8" in name and not \
                     int8_available():
                 continue
             steps[name], seconds = generation_step(name, shape, batch, device, compile_backend)
@@ -174,9 +177,12 @@ def run_workload(workload: str, shape: BenchmarkShape, rounds: int, repeats: int
         if f"{who}{COMPILED_SUFFIX}" in rates:
             compiled, eager = rates[f"{who}{COMPILED_SUFFIX}"], rates[who]
             result[f"{who}_compiled_speedup"] = statistics.median(c / e for c, e in zip(compiled, eager, strict=True))
-    for low in ("minitx-bf16", "minitx-int8"):
-        if low in rates and workload.startswith("generate"):  # over our own fp32, round by round
+    for low in LOW_PRECISION_ROWS:
+        if low in rates and workload.startswith("generate"):  # over our own fp32 eager, round by round
             result[f"{low}_vs_fp32"] = statistics.median(x / f for x, f in zip(rates[low], rates["minitx"], strict=True))
+    if "minitx-int8-compiled" in rates and "minitx-compiled" in rates:  # both compiled
+        result["minitx-int8-compiled_vs_fp32_compiled"] = statistics.median(
+            x / f for x, f in zip(rates["minitx-int8-compiled"], rates["minitx-compiled"], strict=True))
     if workload == "generate_b1":
         cached, uncached = rates["minitx"], rates["minitx-no-cache"]
         result["minitx_cache_speedup"] = statistics.median(c / u for c, u in zip(cached, uncached, strict=True))
@@ -384,9 +390,12 @@ def format_table(result: dict) -> str:
                 seconds = data["compile_seconds"][f"{who}{COMPILED_SUFFIX}"]
                 lines.append(f"| {workload} | {who} compiled vs eager (compile {seconds:.0f} s, not timed) | | "
                              f"{data[f'{who}_compiled_speedup']:.2f}x |")
-        for low in ("minitx-bf16", "minitx-int8"):
+        for low in LOW_PRECISION_ROWS:
             if f"{low}_vs_fp32" in data:
                 lines.append(f"| {workload} | {low} vs minitx fp32 | | {data[f'{low}_vs_fp32']:.2f}x |")
+        if "minitx-int8-compiled_vs_fp32_compiled" in data:
+            lines.append(f"| {workload} | minitx-int8-compiled vs minitx-compiled | | "
+                         f"{data['minitx-int8-compiled_vs_fp32_compiled']:.2f}x |")
     if "memory" in result:
         lines += ["", "| training peak memory | peak (MiB) | growth over imports (MiB) |", "|---|---:|---:|"]
         for name, mem in result["memory"].items():

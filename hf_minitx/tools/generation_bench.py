@@ -22,9 +22,9 @@ from .bench_models import build, random_ids
 
 COMPILED_SUFFIX = "-compiled"
 SEQ2SEQ_NAMES = ("bart", "minitx-seq2seq")
-# Low-precision rows of hf_minitx: "-bf16" bf16 weights and activations; "-int8" int8 weight-only through torchao
-# (`pip install 'hf_minitx[int8]'`, its row is left out without it), the way from_pretrained(...,
-# quantization_config=TorchAoConfig(Int8WeightOnlyConfig())) builds it.
+# Low-precision rows of hf_minitx: "-bf16" bf16 weights and activations; "-int8" every linear map's weight int8
+# weight-only through torchao's `quantize_(model, Int8WeightOnlyConfig())`, the head included (`pip install
+# 'hf_minitx[int8]'`; its rows are left out without it), which the decode layout reads as int8.
 LOW_PRECISION_SUFFIXES = ("-bf16", "-int8")
 
 

@@ -2,7 +2,8 @@
 
 The model is trained in the test to continue a repeating pattern, so that greedy tokens have clear margins and
 rounding cannot flip them: equal tokens then say the low-precision paths compute the same network. The decode
-layout (`generation_weight`) copies bf16 weights in bf16 and steps aside for quantized ones.
+layout (`generation_weight`) copies bf16 weights in bf16, and reads int8 weight-only weights as int8 through
+`torch._weight_int8pack_mm` (never expanded to fp32).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 from conftest import PERIOD, tiny_causal, train_on_pattern
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
-from hf_minitx.models.decoding_minitx import decode_layout_applies
+from hf_minitx.models.decoding_minitx import decode_layout_applies, fuse_attention, project_query_key_value
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None, max_new_tokens=20, min_new_tokens=20)
 
@@ -72,18 +73,55 @@ def test_bf16_weights_generate_fp32_tokens_with_bf16_copies(pattern_model):
     assert seen == {torch.bfloat16}  # copies in the weights' own dtype, never expanded to fp32
 
 
-def test_int8_weight_only_generates_fp32_tokens_without_expanding_the_weights(pattern_model):
+def int8_model(folder):
+    """The folder's model loaded with int8 weight-only quantization, as users load it (torchao's config)."""
     pytest.importorskip("torchao")
     from torchao.quantization import Int8WeightOnlyConfig
     from transformers import TorchAoConfig
 
+    return AutoModelForCausalLM.from_pretrained(folder, quantization_config=TorchAoConfig(Int8WeightOnlyConfig())).eval()
+
+
+def test_int8_weight_only_generates_fp32_tokens_reading_int8_weights(pattern_model):
     reference, _ = generate_watching(AutoModelForCausalLM.from_pretrained(pattern_model).eval())
-    model = AutoModelForCausalLM.from_pretrained(
-        pattern_model, quantization_config=TorchAoConfig(Int8WeightOnlyConfig())).eval()
+    model = int8_model(pattern_model)
     quantized = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and not decode_layout_applies(m)]
-    assert len(quantized) >= 4 * model.config.num_hidden_layers  # q, k, v, o, mlp: quantized, so stepped aside
+    assert len(quantized) >= 4 * model.config.num_hidden_layers  # q, k, v, o, mlp: quantized
     holders = set()
-    tokens, _ = generate_watching(model, holders)
+    tokens, seen = generate_watching(model, holders)
     assert tokens == reference
-    assert not holders & set(quantized)  # no quantized weight came back as an fp32 copy (unquantized ones may)
+    attentions = {m for m in model.modules() if hasattr(m, "q_proj")}
+    assert {m for m in quantized if m.out_features != model.config.vocab_size} <= holders | {
+        p for a in attentions & holders for p in (a.q_proj, a.k_proj, a.v_proj)}  # every quantized one has a copy
+    assert torch.int8 in seen  # and the copies are int8, not fp32 expansions of them
     assert all(type(m.weight.data) is not torch.Tensor for m in quantized)  # still quantized after generate()
+
+
+def test_int8_copies_compute_what_torchao_computes(pattern_model):
+    """Each int8 copy (fused q/k/v included) gives torchao's own product within bf16 rounding of the rows."""
+    model = int8_model(pattern_model)
+    attention = model.model.decoder.layers[0].self_attn
+    states = torch.randn(3, 5, model.config.hidden_size)  # (batch, seq, hidden): several rows, and one below
+    with torch.no_grad():
+        expected = [linear(states) for linear in (attention.q_proj, attention.k_proj, attention.v_proj)]
+        fuse_attention(attention, True)
+        try:
+            assert attention.__dict__["fused_qkv"].weight.dtype == torch.int8
+            for rows in (states, states[:1, :1]):
+                got = project_query_key_value(attention, rows)
+                for g, e in zip(got, expected, strict=True):
+                    torch.testing.assert_close(g, e[:rows.shape[0], :rows.shape[1]], rtol=2e-2, atol=2e-2)
+        finally:
+            fuse_attention(attention, False)
+    assert "fused_qkv" not in vars(attention)
+
+
+@pytest.mark.slow
+def test_compiled_int8_decoding_gives_the_same_tokens(pattern_model):
+    """The fastest CPU path (int8 weights read as int8, decode steps compiled over a static cache) keeps the tokens."""
+    from hf_minitx.tools.generation_bench import compile_config
+
+    reference, _ = generate_watching(AutoModelForCausalLM.from_pretrained(pattern_model).eval())
+    model = int8_model(pattern_model)
+    tokens = model.generate(prompt(), cache_implementation="static", compile_config=compile_config(), **GREEDY)
+    assert tokens[0].tolist() == reference

@@ -36,7 +36,7 @@ def test_json_has_every_workload_and_implementation(tiny_run):
     for workload, (reference, names) in WORKLOADS.items():
         data = result["workloads"][workload]
         assert data["reference"] == reference
-        int8 = set() if int8_available() else {"minitx-int8"}  # torchao is an opt-in extra
+        int8 = set() if int8_available() else {"minitx-int8", "minitx-int8-compiled"}  # torchao: an opt-in extra
         assert set(data["implementations"]) == set(names) - int8
         assert all(len(v) == 2 for v in data["raw_tokens_per_second"].values())
     assert set(result["memory"]) == set(benchmark.MEMORY_IMPLEMENTATIONS)
@@ -81,9 +81,14 @@ def test_figures_positive_finite_and_ratios_match_raw(tiny_run):
     for workload in ("generate_b1", "generate_b8"):  # low precision over our own fp32, round by round
         data = result["workloads"][workload]
         raw = data["raw_tokens_per_second"]
-        ratio = statistics.median(x / f for x, f in zip(raw["minitx-bf16"], raw["minitx"], strict=True))
-        assert data["minitx-bf16_vs_fp32"] == pytest.approx(ratio)
-        assert f"| {workload} | minitx-bf16 vs minitx fp32 | | {ratio:.2f}x |" in benchmark.format_table(result)
+        for low in ("minitx-bf16", "minitx-int8", "minitx-int8-compiled")[:1 + 2 * int8_available()]:
+            ratio = statistics.median(x / f for x, f in zip(raw[low], raw["minitx"], strict=True))
+            assert data[f"{low}_vs_fp32"] == pytest.approx(ratio)
+            assert f"| {workload} | {low} vs minitx fp32 | | {ratio:.2f}x |" in benchmark.format_table(result)
+        if int8_available():  # compiled over compiled too
+            ratio = statistics.median(x / f for x, f in zip(raw["minitx-int8-compiled"], raw["minitx-compiled"],
+                                                            strict=True))
+            assert data["minitx-int8-compiled_vs_fp32_compiled"] == pytest.approx(ratio)
 
 
 def test_the_bf16_row_generates_with_bf16_weights():
