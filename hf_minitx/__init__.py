@@ -39,6 +39,19 @@ def _help_only() -> bool:
     return _as_command() and (len(_sys.argv) < 2 or _sys.argv[1] in ("-h", "--help", "--version"))
 
 
+def _drop_known_import_noise() -> None:
+    """Drop three log lines that come with torchao (the int8 extra), which transformers imports whenever it is
+    installed: that its GPU kernels cannot load on this build, that Triton is missing, and torch's note that the
+    enums torchao registers need no registering. They come before every command and on every import, about
+    nothing a user can change; every other line of those loggers stays."""
+    import logging
+
+    noise = {"torchao": "Failed to load ", "torchao.kernel.intmm": "Detected no triton",
+             "torch.utils._pytree": "is an Enum subclass and is now natively supported"}
+    for name, text in noise.items():
+        logging.getLogger(name).addFilter(lambda record, text=text: text not in record.getMessage())
+
+
 def _load() -> None:
     """Import the models and register them with the Auto classes, and mark the classes so save_pretrained
     writes `auto_map` + code."""
@@ -70,4 +83,5 @@ def __getattr__(name: str):  # only reached when the help-only start skipped _lo
 
 
 if not _help_only():
+    _drop_known_import_noise()
     _load()

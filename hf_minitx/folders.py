@@ -64,6 +64,27 @@ def rust_os_error(error: BaseException) -> OSError | None:
     return OSError(code, os.strerror(code))
 
 
+# Errors of a write that failed for lack of room or rights, not for a bug: said in one line, never a traceback.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EIO)
+
+
+def write_errno(error: BaseException) -> int | None:
+    """The errno of a failed write among WRITE_ERRNOS (an OSError's, or the one inside a Rust library's error);
+    ENOSPC for numpy's short write ("N requested and M written", a full disk); None for any other error."""
+    import re
+
+    code = error.errno if isinstance(error, OSError) else getattr(rust_os_error(error), "errno", None)
+    if code is None and isinstance(error, OSError) and re.search(r"\d+ requested and \d+ written", str(error)):
+        code = errno.ENOSPC
+    return code if code in WRITE_ERRNOS else None
+
+
+def free_mib(path: Path) -> float:
+    """MiB free on the file system of `path` (or of its nearest existing parent)."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
+    return shutil.disk_usage(existing).free / 2**20
+
+
 def weights_digest(model_dir: Path) -> str:
     """SHA-256 of a model folder's weight files (every ``*.safetensors`` at its top, in name order): what names
     the exact model a page or a report was made from."""
@@ -356,8 +377,8 @@ def write_folder(folder: Path, fill: Callable[[Path], Any]) -> Path:
     mount = folder.is_dir() and os.path.ismount(folder)  # cannot be renamed: written inside (a Docker volume)
     tmp = folder / f".{folder.name}{PARTIAL_SUFFIX}-{os.getpid()}" if mount else partial_sibling(folder)
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
+        tmp.mkdir(parents=True)
         fill(tmp)
         if mount:
             _empty_in_place(folder, keep=(tmp.name, LOCK_FILE))
@@ -368,6 +389,14 @@ def write_folder(folder: Path, fill: Callable[[Path], Any]) -> Path:
             folder.rename(old)
         tmp.rename(folder)
         shutil.rmtree(old, ignore_errors=True)
+    except Exception as error:
+        code = write_errno(error)
+        if code is None:
+            raise
+        state = "was left as it was" if folder.exists() else "was not made"
+        raise OSError(f"cannot write {folder} ({os.strerror(code)}; {free_mib(folder.parent):,.0f} MiB free there); "
+                      f"it {state}: free some space (or pick a writable place), then run the same command again"
+                      ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder

@@ -67,7 +67,10 @@ def check_finite_weights(model: torch.nn.Module, source: Path) -> None:
     """Refuse a model with a NaN or infinite weight (a run that diverged), naming the first such tensor:
     its logits would be NaN, and every page or sample drawn from them meaningless."""
     for name, param in model.named_parameters():
-        bad = int((~torch.isfinite(param.detach())).sum())
+        values = param.detach()
+        if type(values) is not torch.Tensor and hasattr(values, "dequantize"):  # a quantized weight (torchao's)
+            values = values.dequantize()
+        bad = int((~torch.isfinite(values)).sum())
         if bad:
             raise ValueError(f"{source} holds {bad} non-finite value(s) (NaN or inf) in {name}: the training that "
                              "saved it diverged. Use an earlier checkpoint, or train again with a lower "

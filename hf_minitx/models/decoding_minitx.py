@@ -1,7 +1,9 @@
 """Fast decoding on a CPU: how `generate()` reads the weights, remembers the prompt's checks and grows the cache.
 
-None of this is the architecture (that is `layers_minitx.py` and `modeling_minitx.py`); it changes how fast
-tokens come out, never which tokens. The models reach it from `generate()` (`generate_in_decode_layout`), its
+None of this is the architecture (that is `layers_minitx.py` and `modeling_minitx.py`); for full-precision
+weights it changes how fast tokens come out, never which tokens. Int8 weight-only weights are multiplied with
+bf16-rounded activations (torchao's own call expands the weights to the activations' dtype), so their tokens
+may part from torchao's own at near-ties, the same way at every length. The models reach it from `generate()` (`generate_in_decode_layout`), its
 input preparation (`decode_step_inputs`) and three hooks on the forward path: `project` for each linear map,
 `project_query_key_value` for self-attention's q/k/v, and the remembered padding of a decode step.
 
@@ -60,7 +62,7 @@ def decode_layout_applies(linear: nn.Module) -> bool:
             and type(linear.weight) is nn.Parameter and type(linear.weight.data) is torch.Tensor)
 
 
-def generation_weight(linears: tuple[nn.Linear, ...], parts: int = 1) -> GenerationWeight | None:
+def generation_weight(linears: tuple[nn.Linear, ...], parts: int = 1, dense: bool = True) -> GenerationWeight | None:
     """One weight for `linears` (their outputs concatenated), laid out for the products of decoding.
 
     On a CPU a weight with at least as many outputs as inputs also gets a copy for one row at a time (batch 1):
@@ -69,10 +71,13 @@ def generation_weight(linears: tuple[nn.Linear, ...], parts: int = 1) -> Generat
     per output, and a batched product gives each thread its own part (BLAS runs a single matrix-vector product
     on one thread): about 1.6x faster than the stored layout over the benchmark's weights on 2 cores, same
     values. A single weight is otherwise not copied. None where the decode layout does not apply
-    (`decode_layout_applies`): those linears keep their own call.
+    (`decode_layout_applies`): those linears keep their own call. Int8 weight-only weights get their int8 copy
+    (`int8_generation_weight`) whatever `dense` says; dense ones are copied only when `dense`.
     """
     if not all(map(decode_layout_applies, linears)):
         return int8_generation_weight(linears)
+    if not dense:
+        return None
     weights = [p.weight.detach() for p in linears]
     weight = torch.cat(weights) if len(weights) > 1 else weights[0]  # (out, in)
     bias = None
@@ -165,10 +170,10 @@ def project(linear: nn.Module, states: torch.Tensor) -> torch.Tensor:
     return project_with(copy, states)
 
 
-def set_generation_weight(linear: nn.Module, on: bool, parts: int = 1) -> None:
+def set_generation_weight(linear: nn.Module, on: bool, parts: int = 1, dense: bool = True) -> None:
     """Give a linear layer its `generate()` copy of the weight (`generation_weight`), or drop it."""
     linear.__dict__.pop("generation_weight", None)
-    copy = generation_weight((linear,), parts) if on and isinstance(linear, nn.Linear) else None
+    copy = generation_weight((linear,), parts, dense) if on and isinstance(linear, nn.Linear) else None
     if copy is not None:
         linear.__dict__["generation_weight"] = copy
 
@@ -189,7 +194,7 @@ def project_query_key_value(attention: nn.Module, states: torch.Tensor) -> tuple
     return projected.split(sizes, dim=-1)  # q, k, v: (batch, seq, out)
 
 
-def fuse_attention(attention: nn.Module, fuse: bool, parts: int = 1) -> None:
+def fuse_attention(attention: nn.Module, fuse: bool, parts: int = 1, dense: bool = True) -> None:
     """Give an attention layer its `generate()` weights, or drop them.
 
     Self-attention gets one q/k/v weight (`fused_qkv`); cross-attention a copy of q_proj only (the keys and
@@ -198,31 +203,32 @@ def fuse_attention(attention: nn.Module, fuse: bool, parts: int = 1) -> None:
     the projections are plain `nn.Linear`s without hooks.
     """
     attention.__dict__.pop("fused_qkv", None)
-    set_generation_weight(attention.o_proj, fuse, parts)
+    set_generation_weight(attention.o_proj, fuse, parts, dense)
     if attention.is_cross_attention:
-        set_generation_weight(attention.q_proj, fuse, parts)
+        set_generation_weight(attention.q_proj, fuse, parts, dense)
     elif fuse:
-        fused = generation_weight((attention.q_proj, attention.k_proj, attention.v_proj), parts)
+        fused = generation_weight((attention.q_proj, attention.k_proj, attention.v_proj), parts, dense)
         if fused is not None:
             attention.fused_qkv = fused
 
 
-def set_decode_layout(model: nn.Module, fuse: bool, parts: int = 1) -> None:
+def set_decode_layout(model: nn.Module, fuse: bool, parts: int = 1, dense: bool = True) -> None:
     """For the length of a `generate()` call, the decoder's weights as decoding reads them fastest (or back).
 
     `model` is a language model with `model.model.decoder` and `lm_head`. Every attention layer of the decoder
     (a module with `q_proj`, `k_proj`, `v_proj`, `o_proj`, HF's names) goes through `fuse_attention`; each
     feed-forward network (`fc1`, `gate_proj`, `fc2`) and the head get a copy in the layout of
-    `generation_weight` (single-row copies in `parts`). The encoder (run once per call) keeps its own.
+    `generation_weight` (single-row copies in `parts`; with `dense` False only the int8 weights). The encoder
+    (run once per call) keeps its own.
     """
     for module in model.model.decoder.modules():
         if all(hasattr(module, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")):
-            fuse_attention(module, fuse, parts)
+            fuse_attention(module, fuse, parts, dense)
         elif hasattr(module, "fc1") and hasattr(module, "fc2"):
             for linear in (module.fc1, getattr(module, "gate_proj", None), module.fc2):
                 if linear is not None:
-                    set_generation_weight(linear, fuse, parts)
-    set_generation_weight(model.lm_head, fuse, parts)
+                    set_generation_weight(linear, fuse, parts, dense)
+    set_generation_weight(model.lm_head, fuse, parts, dense)
 
 
 # --- the remembered padding of the decode steps -------------------------------------------------------------
@@ -335,11 +341,12 @@ def generate_in_decode_layout(model: nn.Module, generate: Callable[[], object], 
     """Run `generate()` (the `generate` callable, called with no argument) in the decode layout, then undo it.
 
     The weights take the decode layout (`set_decode_layout`) for calls long enough to repay it
-    (`decodes_long_enough`); afterwards the copies are dropped, and a cache passed in or handed back forgets
+    (`decodes_long_enough`), int8 weight-only weights for every call (their copy costs little, and one kernel
+    for any length keeps a call's first tokens the same whatever `max_new_tokens` says); afterwards the copies are dropped, and a cache passed in or handed back forgets
     the remembered padding (`forget_generation`), so later calls on it are checked as any other call.
     `config` is the call's generation config and `kwargs` its keyword arguments.
     """
-    set_decode_layout(model, decodes_long_enough(config, kwargs), weight_parts(config, kwargs))
+    set_decode_layout(model, True, weight_parts(config, kwargs), dense=decodes_long_enough(config, kwargs))
     try:
         out = generate()
     finally:

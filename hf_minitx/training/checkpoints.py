@@ -3,7 +3,6 @@ one named) and rotating them."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -16,7 +15,7 @@ import torch
 from safetensors import safe_open
 
 from ..data.streaming import load_stream_state
-from ..folders import check_marker, holds_run_files, rust_os_error
+from ..folders import check_marker, free_mib, holds_run_files, write_errno
 
 CHECKPOINT_PREFIX = "checkpoint-"
 RUN_STATE_FILE = "run_state.json"
@@ -207,20 +206,16 @@ def rotate_checkpoints(output_dir: str | Path, keep: int) -> list[Path]:
     return doomed
 
 
-WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EIO)
-
-
 def write_failure(error: BaseException, where: Path, output_dir: Path) -> BaseException:
     """One-line error for a write that failed (disk full, read-only, quota): the folder, its free space and the
     last good checkpoint. ``error`` itself is returned when it is not a failure to write."""
     torch_write = isinstance(error, RuntimeError) and any(
         text in str(error) for text in ("file write failed", "unexpected pos", "PytorchStreamWriter"))
-    code = error.errno if isinstance(error, OSError) else getattr(rust_os_error(error), "errno", None)
-    if code not in WRITE_ERRNOS and not torch_write:
+    code = write_errno(error)
+    if code is None and not torch_write:
         return error
-    reason = os.strerror(code) if code in WRITE_ERRNOS else "the file write failed"
-    existing = next((p for p in (where, *where.parents) if p.exists()), Path("/"))
-    free = shutil.disk_usage(existing).free
+    reason = os.strerror(code) if code is not None else "the file write failed"
+    free = free_mib(where) * 2**20
     last = list_checkpoints(output_dir) if output_dir.is_dir() else []
     resume = (f"the last good checkpoint, {last[-1]}, is intact: free some space, then resume with the same "
               "command plus --resume_from_checkpoint latest" if last else

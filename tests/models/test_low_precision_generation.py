@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import PERIOD, tiny_causal, train_on_pattern
+from conftest import DECODE_LAYOUT_MIN_NEW_TOKENS, PERIOD, tiny_causal, train_on_pattern
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
+from hf_minitx.models import decoding_minitx
 from hf_minitx.models.decoding_minitx import decode_layout_applies, fuse_attention, project_query_key_value
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None, max_new_tokens=20, min_new_tokens=20)
@@ -47,10 +48,11 @@ class CopiesSeen(LogitsProcessor):
         return scores
 
 
-def generate_watching(model, holders: set | None = None) -> tuple[list[int], set]:
-    """Greedy tokens, and the dtypes of the decode-layout copies seen (the modules holding them go to `holders`)."""
+def generate_watching(model, holders: set | None = None, **options) -> tuple[list[int], set]:
+    """Greedy tokens, and the dtypes of the decode-layout copies seen (the modules holding them go to `holders`);
+    `options` replace the generation options (GREEDY)."""
     watcher = CopiesSeen(model)
-    out = model.generate(prompt(), logits_processor=LogitsProcessorList([watcher]), **GREEDY)
+    out = model.generate(prompt(), logits_processor=LogitsProcessorList([watcher]), **(options or GREEDY))
     if holders is not None:
         holders.update(watcher.holders)
     return out[0].tolist(), watcher.seen
@@ -125,3 +127,29 @@ def test_compiled_int8_decoding_gives_the_same_tokens(pattern_model):
     model = int8_model(pattern_model)
     tokens = model.generate(prompt(), cache_implementation="static", compile_config=compile_config(), **GREEDY)
     assert tokens[0].tolist() == reference
+
+
+def test_a_short_call_reads_int8_weights_as_int8_too(pattern_model, monkeypatch):
+    """Below the decode layout's length the dense weights are read as stored, but int8 ones still go through
+    their int8 copy: one kernel at every length, so the first tokens do not depend on max_new_tokens."""
+    monkeypatch.setattr(decoding_minitx, "DECODE_LAYOUT_MIN_NEW_TOKENS", DECODE_LAYOUT_MIN_NEW_TOKENS)
+    short = dict(GREEDY, max_new_tokens=DECODE_LAYOUT_MIN_NEW_TOKENS - 1, min_new_tokens=DECODE_LAYOUT_MIN_NEW_TOKENS - 1)
+    _, seen = generate_watching(AutoModelForCausalLM.from_pretrained(pattern_model).eval(), **short)
+    assert seen == set()  # fp32: no copies for a short call
+    model = int8_model(pattern_model)
+    tokens, seen = generate_watching(model, **short)
+    assert torch.int8 in seen and torch.float32 not in seen
+    assert tokens == generate_watching(model)[0][:len(tokens)]
+
+
+def test_the_finite_weights_check_reads_int8_weights(pattern_model):
+    """A model loaded in int8 passes the check every command makes (no raw error from the quantized tensor);
+    a non-finite scale is still found and named."""
+    from hf_minitx.inference import check_finite_weights
+
+    model = int8_model(pattern_model)
+    check_finite_weights(model, pattern_model)
+    weight = model.model.decoder.layers[0].mlp.fc1.weight
+    weight.scale[0] = float("nan")
+    with pytest.raises(ValueError, match=r"non-finite value\(s\) \(NaN or inf\) in model\.decoder\.layers\.0\.mlp\.fc1"):
+        check_finite_weights(model, pattern_model)
