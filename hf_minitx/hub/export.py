@@ -289,6 +289,13 @@ def main(argv: Sequence[str] | None = None) -> Path:
     output_dir = check_output_folder(args.output_dir, flag="--overwrite", overwrite=args.overwrite,
                                      inputs=[("--model", args.model)], command="export")
     model, tokenizer = load_model_folder(args.model, device="cpu", dtype=torch.float32)
+    quantized = getattr(model.config, "quantization_config", None)
+    if quantized is not None:
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else getattr(quantized, "quant_method", "")
+        method = getattr(method, "value", method)  # transformers' QuantizationMethod enum, or its string
+        raise ExportRefused(f"{args.model} holds quantized weights ({method}): an export writes full-precision "
+                            "weights; export the folder the quantized model was made from (a GGUF export can be "
+                            "quantized with --gguf_type)")
     write_folder(output_dir, _saver(model, tokenizer, args.model, args))
     print(f"exported {args.model} ({args.to}) to {output_dir}")
     return output_dir

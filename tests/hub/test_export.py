@@ -130,6 +130,25 @@ def test_a_config_that_does_not_map_is_refused_field_by_field(tmp_path, tokenize
     assert error.count("error:") == 1 and not (tmp_path / "out").exists()
 
 
+def test_a_quantized_folder_is_refused_in_one_line(tmp_path, tokenizer, capsys):
+    """A folder saved from an int8 model (torchao) loads, but an export writes full precision: refused, naming why."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig
+    from transformers import TorchAoConfig
+
+    save_source(tmp_path / "src", tokenizer, **SOURCES["qwen3"][1])
+    quantized = MiniTxForCausalLM.from_pretrained(tmp_path / "src", quantization_config=TorchAoConfig(
+        Int8WeightOnlyConfig()))
+    quantized.save_pretrained(tmp_path / "q8")
+    tokenizer.save_pretrained(tmp_path / "q8")
+    capsys.readouterr()  # the saves' progress bars
+    assert cli_main(["export", "--model", str(tmp_path / "q8"), "--to", "qwen3", "--output_dir",
+                     str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"error: {tmp_path / 'q8'} holds quantized weights (torchao): an export writes")
+    assert len(error.splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("target", ["qwen3", "llama", "gpt2"])
 def test_every_mismatch_names_its_field(target):
     config = MiniTxConfig(norm_position="post", scale_embeddings=True)
