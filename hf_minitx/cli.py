@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .folders import raw_write_error
+
 USER_ERRORS = (ValueError, OSError, ImportError, KeyError)  # OSError: files, and the Hub (HubError)
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
@@ -151,7 +153,7 @@ def run_cli(main: Callable[..., Any], *args: Any) -> int:
         if os.environ.get("HF_MINITX_TRACEBACK"):
             raise
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        return _fail(str(message))
+        return _fail(raw_write_error(error) or str(message))
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
 
 

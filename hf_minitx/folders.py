@@ -79,6 +79,40 @@ def write_errno(error: BaseException) -> int | None:
     return code if code in WRITE_ERRNOS else None
 
 
+def write_advice(code: int, path: Path) -> str:
+    """What to do about a write that failed with ``code`` (one of WRITE_ERRNOS) at ``path``."""
+    if code == errno.EROFS:
+        return "that file system is read-only: pick a writable place, then run the same command again"
+    if code == errno.EACCES:
+        return "you may not write there: pick a place you can write to (or fix its permissions), then run again"
+    if code == errno.EIO:
+        return "the disk reported an I/O error: check it (or pick another place), then run the same command again"
+    return (f"{free_mib(path):,.0f} MiB free there: free some space (or pick another place), then run the same "
+            "command again")
+
+
+def unhidden(path: Path) -> Path:
+    """The path a user named, for one of our hidden working files: ``.NAME.partial-PID`` (or ``.NAME.old-PID``)
+    is NAME, the run lock is its folder; any other path is itself."""
+    import re
+
+    if path.name == LOCK_FILE:
+        return path.parent
+    match = re.fullmatch(rf"\.(.+)(?:{re.escape(PARTIAL_SUFFIX)}|\.old)-\d+", path.name)
+    return path.with_name(match.group(1)) if match else path
+
+
+def raw_write_error(error: BaseException) -> str | None:
+    """One line for an OSError straight from the system (it names a file) among WRITE_ERRNOS: the path the user
+    named, why, and what to do; None for any other error (a message we wrote ourselves has no errno)."""
+    filename = getattr(error, "filename", None)
+    code = write_errno(error) if isinstance(error, OSError) else None
+    if code is None or not filename:
+        return None
+    path = unhidden(Path(os.fsdecode(filename)))
+    return f"cannot write {path} ({os.strerror(code)}); {write_advice(code, path)}"
+
+
 def free_mib(path: Path) -> float:
     """MiB free on the file system of `path` (or of its nearest existing parent)."""
     existing = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
@@ -394,8 +428,7 @@ def write_folder(folder: Path, fill: Callable[[Path], Any]) -> Path:
         if code is None:
             raise
         state = "was left as it was" if folder.exists() else "was not made"
-        raise OSError(f"cannot write {folder} ({os.strerror(code)}; {free_mib(folder.parent):,.0f} MiB free there); "
-                      f"it {state}: free some space (or pick a writable place), then run the same command again"
+        raise OSError(f"cannot write {folder} ({os.strerror(code)}); it {state}; {write_advice(code, folder.parent)}"
                       ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -21,7 +21,7 @@ from typing import Literal
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from ..folders import check_output_folder, rust_os_error, write_folder, write_marker
+from ..folders import check_output_folder, write_folder, write_marker
 
 logger = logging.getLogger(__name__)
 
@@ -211,14 +211,9 @@ def check_tokenizer_arguments(args: TokenizerArguments) -> None:
 
 
 def _save_marked(tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
-    try:
-        tokenizer.save_pretrained(folder)
-    except Exception as error:  # tokenizers' Rust writer: a full disk is a plain Exception, "(os error 28)"
-        failure = rust_os_error(error)
-        if failure is None:
-            raise
-        raise OSError(f"cannot write {folder.parent} ({failure.strerror}; nothing was left there); free some "
-                      "space and run the same command again") from None
+    """Save the tokenizer and its run marker into ``folder`` (write_folder's working copy, which says a full or
+    read-only disk in one line)."""
+    tokenizer.save_pretrained(folder)
     write_marker(folder, command="train-tokenizer", run_id=uuid.uuid4().hex[:12])
 
 

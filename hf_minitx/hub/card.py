@@ -266,6 +266,12 @@ def _metric_meta(key: str) -> tuple[str, str, str]:
     return KNOWN_METRICS.get(key, (plain, "Validation " + plain.replace("_", " "), "{:.4g}"))
 
 
+def _shown_metric(key: str, value: float) -> str:
+    """A metric as the card's table shows it: its own format, or 4 significant digits once it is too large to
+    read that way (the perplexity of a diverged run, 1e+304, is not printed as 305 digits)."""
+    return (_metric_meta(key)[2] if abs(value) < 1e6 else "{:.4g}").format(value)
+
+
 def _eval_results(metrics: dict[str, float], kind: str, summary: dict) -> list[EvalResult]:
     """One EvalResult per metric, all on the validation split of the training dataset."""
     dataset = str(summary.get("dataset") or "unknown")
@@ -392,7 +398,7 @@ def render_model_card(
         training_rows=_training_rows(summary or {}),
         has_loss_curve=(folder / "loss_curve.png").is_file(),
         explorer_file=EXPLORER_FILE if (folder / EXPLORER_FILE).is_file() else None,
-        metric_rows=[(_metric_meta(k)[1], _metric_meta(k)[2].format(v)) for k, v in metrics.items()],
+        metric_rows=[(_metric_meta(k)[1], _shown_metric(k, v)) for k, v in metrics.items()],
         coverage_sentence=_coverage_sentence(summary),
         warning=_sanitize(str((summary or {}).get("warning") or "").removeprefix("warning: "), limit=1000),
         samples=samples,

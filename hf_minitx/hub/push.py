@@ -269,6 +269,17 @@ def push_to_hub(
     return commit.commit_url
 
 
+def training_warning(model_dir: str | Path) -> str | None:
+    """The warning its training left in a folder's training_summary.json (a run that diverged or ended at
+    chance), as one line; None when there is none or no readable summary."""
+    try:
+        summary = json.loads((Path(model_dir) / "training_summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    warning = summary.get("warning") if isinstance(summary, dict) else None
+    return f"warning: {str(warning).removeprefix('warning: ')}" if warning else None
+
+
 @dataclass
 class PushArguments:
     """`minitx push`: upload a saved model folder, or stage and check it offline with --dry_run."""
@@ -302,13 +313,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"staged {len(files)} files in {staging}: {', '.join(files)}")
         print(f"loaded without hf_minitx as {result.model_class.rsplit('.', 1)[-1]} (code from the folder); "
               f"generated {result.num_new_tokens} tokens: {result.text!r}")
-        print("dry run passed: nothing was uploaded.")
+        warning = training_warning(args.model_dir)
+        if warning:
+            print(warning)
+        print(f"dry run passed{' (mind the warning above)' if warning else ''}: nothing was uploaded.")
         return 0
     if not args.repo_id:
         raise ValueError("--repo_id OWNER/NAME is required to upload (or pass --dry_run STAGING_DIR)")
     url = push_to_hub(args.model_dir, args.repo_id, private=args.private, revision=args.revision,
                       commit_message=args.commit_message, explorer=args.explorer)
     print(f"uploaded {args.model_dir} to https://huggingface.co/{args.repo_id} ({url})")
+    if training_warning(args.model_dir):  # the card says it too
+        print(f"{training_warning(args.model_dir)} (the model card carries this warning)")
     return 0
 
 

@@ -379,7 +379,7 @@ def check_not_complete(plan: RunPlan, total_steps: int) -> None:
     try:
         steps = json.loads((plan.output_dir / SUMMARY_FILE).read_text()).get("steps")
     except (OSError, ValueError, AttributeError):
-        return  # no (readable) final summary: the run goes on and finishes
+        steps = None  # no (readable) final summary: the run goes on and finishes
     complete = (plan.output_dir / "config.json").is_file() and any(plan.output_dir.glob("*.safetensors"))
     if isinstance(steps, int) and steps >= total_steps and steps >= plan.resume_state["step"] and complete:
         raise AlreadyComplete(f"{plan.output_dir} is already complete at step {steps}; nothing to do (raise "

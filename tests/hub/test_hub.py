@@ -417,6 +417,17 @@ def test_push_to_hub_creates_the_repo_and_uploads_the_staged_folder(folders, mon
     assert not Path(upload["folder_path"]).exists()  # the temporary staging folder is cleaned up
 
 
+def test_an_upload_of_a_diverged_model_says_its_training_warning(causal_copy, monkeypatch, capsys):
+    monkeypatch.setattr(huggingface_hub, "HfApi", _RecordingApi)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    _write_records(causal_copy, "causal-lm", CAUSAL_METRICS, warning="warning: the training diverged")
+    assert minitx(["push", "--model_dir", str(causal_copy), "--repo_id", "alice/kjv"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == "warning: the training diverged (the model card carries this warning)"
+    assert b"> **Warning:** the training diverged" in _RecordingApi.calls[-1][1]["files"]["README.md"]
+
+
 def test_push_to_hub_checks_everything_before_calling_the_hub(causal_copy, monkeypatch, no_token):
     monkeypatch.setattr(huggingface_hub, "HfApi", _RecordingApi)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
@@ -474,6 +485,18 @@ def test_dry_run_causal_folder_loads_and_generates_without_hf_minitx(folders, tm
     assert result.num_new_tokens == 6
     assert result.output_ids == _local_greedy(folders["causal-lm"], "In the beginning", 6)
     assert (staging / "README.md").is_file()
+
+
+@pytest.mark.slow
+def test_a_dry_run_of_a_diverged_model_repeats_its_training_warning(causal_copy, tmp_path, capsys):
+    warning = "the final evaluation is far worse than chance (perplexity 1.014e+304): the model is unusable"
+    _write_records(causal_copy, "causal-lm", CAUSAL_METRICS, warning=f"warning: {warning}")
+    assert minitx(["push", "--model_dir", str(causal_copy), "--dry_run", str(tmp_path / "staged")]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-2:] == [f"warning: {warning}", "dry run passed (mind the warning above): nothing was uploaded."]
+    _write_records(causal_copy, "causal-lm", CAUSAL_METRICS)
+    assert minitx(["push", "--model_dir", str(causal_copy), "--dry_run", str(tmp_path / "staged2")]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "dry run passed: nothing was uploaded."
 
 
 @pytest.mark.slow
@@ -574,9 +597,11 @@ def test_card_records_the_training_recipe(causal_copy):
 def test_the_card_of_a_run_that_ended_at_chance_carries_its_warning(causal_copy):
     warning = ("warning: the final evaluation is far worse than chance (perplexity 1.014e+304 with a 4096-token "
                "vocabulary): the training diverged and the model is unusable. Start again with a lower --learning_rate")
-    _write_records(causal_copy, "causal-lm", CAUSAL_METRICS, warning=warning)
+    diverged = {"eval_loss": 700.02, "eval_perplexity": 1.0142320547350045e304, "eval_bits_per_byte": 281.6}
+    _write_records(causal_copy, "causal-lm", diverged, warning=warning)
     card = render_model_card(causal_copy)
     assert f"> **Warning:** {warning.removeprefix('warning: ')}" in card
+    assert "| Validation perplexity | 1.014e+304 |" in card and "| Validation loss (nats per token) | 700.0200 |" in card
     assert card.index("> **Warning:**") < card.index("| Metric | Value |")
     _write_records(causal_copy, "causal-lm", CAUSAL_METRICS)
     assert "Warning" not in render_model_card(causal_copy)

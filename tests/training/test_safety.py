@@ -431,11 +431,14 @@ def test_a_resume_behind_its_checkpoint_is_refused_and_a_summary_without_a_model
     resume = ["train", *causal_args(text_file, run, "--checkpointing_steps", "2", "--resume_from_checkpoint", "latest")]
     for name in ("model.safetensors", "config.json"):  # a summary alone is not a finished model
         (run / name).unlink()
-    before = snapshot(run)
-    assert minitx([*resume, "--max_steps", "1"]) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(err) == 1 and "is at step 2, past the 1 steps this run asks for; resume with --max_steps 2" in err[0]
-    assert snapshot(run) == before
+    for summary in (True, False):  # with a summary, and with none (a run killed before its end)
+        if not summary:
+            (run / "training_summary.json").unlink()
+        before = snapshot(run)
+        assert minitx([*resume, "--max_steps", "1"]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+        assert len(err) == 1 and "is at step 2, past the 1 steps this run asks for; resume with --max_steps 2" in err[0]
+        assert snapshot(run) == before
     assert minitx([*resume, "--max_steps", "2"]) == 0
     assert "already complete" not in capsys.readouterr().out and (run / "model.safetensors").is_file()
 
