@@ -20,8 +20,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .folders import raw_write_error
-
 USER_ERRORS = (ValueError, OSError, ImportError, KeyError)  # OSError: files, and the Hub (HubError)
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
@@ -138,6 +136,13 @@ def _fail(message: str) -> int:
     return EXIT_USAGE
 
 
+def _write_error(error: BaseException) -> str | None:
+    """A write the system refused (read-only, no permission, full), in the words of ``hf_minitx.folders``, which
+    every command that writes has loaded (this module imports no part of the package, so it asks the loaded one)."""
+    folders = sys.modules.get(f"{__package__}.folders")
+    return folders.raw_write_error(error) if folders is not None else None
+
+
 def run_cli(main: Callable[..., Any], *args: Any) -> int:
     """Call `main(*args)`; errors in what the user asked for print `error: ...` and return 2; an interruption
     prints one line and returns 130 (SIGINT) or 143 (SIGTERM)."""
@@ -153,7 +158,7 @@ def run_cli(main: Callable[..., Any], *args: Any) -> int:
         if os.environ.get("HF_MINITX_TRACEBACK"):
             raise
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        return _fail(raw_write_error(error) or str(message))
+        return _fail(_write_error(error) or str(message))
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
 
 

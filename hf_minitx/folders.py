@@ -180,12 +180,24 @@ def check_output_folder(
     if folder.is_dir() and describe_contents(folder):
         check_inputs_outside(folder, inputs, option=option)
         if not overwrite:
-            remedy = (f"Pass {flag} to replace it, or choose another {option}." if flag
-                      else f"Choose a new or empty {option}.")
             raise FolderRefused(f"{option} {folder} already exists and is not empty: {_what_it_holds(folder)} "
-                                f"({describe_contents(folder)}). {remedy}")
+                                f"({describe_contents(folder)}). {_replace_remedy(folder, flag, option, command, any_flag)}")
         check_replaceable(folder, option=option, command=command, any_flag=any_flag, overwrite_any=overwrite_any)
     return folder
+
+
+def _replace_remedy(folder: Path, flag: str | None, option: str, command: str | None, any_flag: str | None) -> str:
+    """How to get past a non-empty output folder: the replace flag only where it would work (see
+    ``check_replaceable``)."""
+    made_by = read_marker(folder)
+    if flag is None:
+        return f"Choose a new or empty {option}."
+    if made_by is None and not holds_run_files(folder):
+        anyway = f"pass {flag} {any_flag} to replace it anyway" if any_flag else "delete its contents yourself"
+        return f"It was not made by minitx, so {flag} alone would not replace it: {anyway}, or choose another {option}."
+    if command is not None and made_by is not None and made_by.get("command") != command:
+        return f"It holds a run of `minitx {made_by.get('command')}`, which {flag} would not replace: choose another {option}."
+    return f"Pass {flag} to replace it, or choose another {option}."
 
 
 def check_replaceable(folder: Path, *, option: str, command: str | None, any_flag: str | None,
@@ -263,29 +275,37 @@ def _lock_owner(fd: int) -> dict[str, Any]:
     return owner if isinstance(owner, dict) else {}
 
 
-def _describe_owner(owner: dict[str, Any]) -> str:
+def describe_owner(owner: dict[str, Any]) -> str:
     return (f"`minitx {owner.get('command', '?')}` (pid {owner.get('pid', '?')} on {owner.get('host', '?')}, "
             f"lock {LOCK_FILE})")
 
 
-def check_not_locked(folder: Path, *, option: str = "--output_dir") -> None:
-    """Refuse a folder whose lock another live process holds; reads only."""
+def lock_holder(folder: Path) -> dict[str, Any] | None:
+    """Who holds ``folder``'s lock (its JSON: pid, host, command) when another live process does; None when
+    nobody (or this launch) does. Reads only."""
     path = folder / LOCK_FILE
     if folder.resolve() in _held or not path.is_file():
-        return
+        return None
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         owner = _lock_owner(fd)
-        if not _same_launch(owner):
-            raise FolderRefused(f"{option} {folder} is being written by {_describe_owner(owner)}; wait for "
-                                f"it to finish or stop it, or choose another {option}") from None
+        return None if _same_launch(owner) else owner
     finally:
         os.close(fd)
+    return None
+
+
+def check_not_locked(folder: Path, *, option: str = "--output_dir") -> None:
+    """Refuse a folder whose lock another live process holds; reads only."""
+    owner = lock_holder(folder)
+    if owner is not None:
+        raise FolderRefused(f"{option} {folder} is being written by {describe_owner(owner)}; wait for "
+                            f"it to finish or stop it, or choose another {option}")
 
 
 def lock_folder(folder: Path, *, command: str, option: str = "--output_dir") -> None:
@@ -303,11 +323,11 @@ def lock_folder(folder: Path, *, command: str, option: str = "--output_dir") -> 
     except BlockingIOError:
         owner = _lock_owner(fd)
         os.close(fd)
-        raise FolderRefused(f"{option} {folder} is being written by {_describe_owner(owner)}; wait for it to "
+        raise FolderRefused(f"{option} {folder} is being written by {describe_owner(owner)}; wait for it to "
                             f"finish or stop it, or choose another {option}") from None
     stale = _lock_owner(fd)
     if stale:
-        print(f"note: {folder} was locked by {_describe_owner(stale)}, which is no longer running; taking it over",
+        print(f"note: {folder} was locked by {describe_owner(stale)}, which is no longer running; taking it over",
               file=sys.stderr)
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,

@@ -221,7 +221,8 @@ def _continue_prompts(
 ) -> list[str]:
     """New text of a decoder-only model after each prompt (left-padded batch, prompt tokens removed)."""
     device = next(model.parameters()).device
-    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    # verbose=False: check_fits_positions below says what a too-long prompt means (the tokenizer's warning would not)
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False, verbose=False).to(device)
     empty = [i for i, ids in enumerate(encoded["attention_mask"].sum(dim=1).tolist()) if ids == 0]
     if empty:
         raise ValueError(f"prompt {empty[0]} is empty; give every prompt at least one character of text to continue")

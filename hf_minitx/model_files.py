@@ -12,6 +12,8 @@ import math
 import struct
 from pathlib import Path
 
+from .folders import describe_owner, lock_holder
+
 MODEL_TYPE = "minitx"
 WEIGHTS_FILE = "model.safetensors"
 # Bytes per element of each safetensors dtype.
@@ -34,6 +36,11 @@ def refuse_interrupted_run(folder: Path) -> None:
     """A training run that was interrupted (checkpoints, no final config.json) is refused, saying how to finish it
     and how to look at its checkpoints meanwhile."""
     if is_interrupted_run(folder):
+        owner = lock_holder(folder)
+        if owner is not None:  # not interrupted: its run is still going
+            raise FileNotFoundError(f"{folder} holds checkpoints but no final model yet: its run is still going "
+                                    f"({describe_owner(owner)}). Wait for it to finish; `minitx explore --model "
+                                    f"{folder} --run {folder}` shows its checkpoints meanwhile")
         raise FileNotFoundError(f"{folder} holds checkpoints but no final model (no config.json): its run was "
                                 "interrupted. Resume it with the same `minitx train` command plus "
                                 "--resume_from_checkpoint latest; its final folder can then be read. `minitx "

@@ -2,6 +2,9 @@
 
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -135,3 +138,22 @@ def assert_same_weights(first, second) -> None:
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+REPO = Path(__file__).resolve().parents[1]
+HOLD = """
+import sys, time
+from pathlib import Path
+from hf_minitx.folders import lock_folder
+lock_folder(Path(sys.argv[1]), command="train")
+print("LOCKED", flush=True)
+time.sleep(600)
+"""
+
+
+def hold_lock(folder: Path) -> subprocess.Popen:
+    """Another process that takes the folder's lock (as a training run does) and lives on."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.readline().strip() == "LOCKED"
+    return proc

@@ -1,6 +1,7 @@
 """The one loader of saved folders refuses anything that is not exactly a MiniTx model (it never hands back a
 half-random model), and generation settings are checked before any work."""
 
+import copy
 import json
 import shutil
 
@@ -180,6 +181,15 @@ def test_rotary_generation_past_the_trained_context_is_refused_in_the_cli_and_wa
     with caplog.at_level(logging.WARNING):
         assert len(generate(model, tokenizer, ["the cat"], max_new_tokens=20, do_sample=False)) == 1
     assert "will exceed the model's predefined maximum length (16" in caplog.text
+    caplog.clear()
+    short = copy.deepcopy(tokenizer)  # a tokenizer that knows the 16 positions warns of any longer text itself
+    short.model_max_length = 16
+    short.save_pretrained(folder)
+    capsys.readouterr()
+    with caplog.at_level(logging.WARNING):  # a prompt past the context: one message, ours
+        assert minitx(["generate", "--model", str(folder), "--prompt", "the cat " * 20, "--max_new_tokens", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "shorten the prompt" in err[0] and "Token indices sequence length" not in caplog.text
 
 
 def test_seq2seq_generation_longer_than_the_decoder_positions_is_refused(tokenizer, tmp_path):

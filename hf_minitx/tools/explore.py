@@ -164,9 +164,13 @@ def latest_checkpoint_model(run_dir: Path) -> tuple[Any, Any, int]:
     the run's recorded model settings and its tokenizer, the tokenizer, and that checkpoint's step."""
     folder = next((p for p in reversed(list_checkpoints(run_dir)) if any((p / n).is_file() for n in MODEL_FILES)),
                   None)
-    if folder is None or not (run_dir / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{run_dir} holds checkpoints but no final model, and no checkpoint with weights and "
-                                "a tokenizer beside them; resume the run with --resume_from_checkpoint latest")
+    if folder is None:
+        raise FileNotFoundError(f"{run_dir} holds checkpoints but no final model, and none of them holds weights; "
+                                "resume the run with --resume_from_checkpoint latest")
+    if not (run_dir / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{run_dir} holds checkpoints but no final model, and no tokenizer: the run reads "
+                                "its tokenizer from elsewhere (--tokenizer), which is copied in with the final model. "
+                                "Resume the run with --resume_from_checkpoint latest, then explore the finished folder")
     settings = json.loads((folder / RUN_STATE_FILE).read_text())["model_settings"]
     tokenizer = load_tokenizer(run_dir)
     model = build_model(MiniTxConfig(**settings), tokenizer)

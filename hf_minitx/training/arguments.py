@@ -175,7 +175,9 @@ class TrainArguments:
                                         "sooner than the usual 0.95, which pays off in runs of a few hundred steps."}
     )
     muon_weight_decay: float = field(
-        default=0.0, metadata={"help": "--optimizer muon: decoupled weight decay of the Muon matrices."}
+        default=0.02, metadata={"help": "--optimizer muon: decoupled weight decay of the Muon matrices (each step "
+                                         "shrinks them by lr x this); it pays off in runs that pass over their data "
+                                         "many times."}
     )
     lr_scheduler_type: Literal["cosine", "inverse_sqrt", "linear", "constant_with_warmup", "warmup_stable_decay"] = field(
         default="warmup_stable_decay",

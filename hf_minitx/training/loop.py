@@ -502,11 +502,30 @@ def resume(plan: RunPlan, accelerator: Accelerator, model: nn.Module) -> RunStat
         return RunState()
     check_checkpoint_fits(plan.checkpoint, accelerator.unwrap_model(model, keep_torch_compile=False))
     accelerator.load_state(str(plan.checkpoint))
+    check_resumed_weights(accelerator, model, plan.checkpoint)
     state = RunState.from_saved(plan.resume_state)
     if accelerator.is_main_process:
         truncate_metrics(plan.output_dir, state.step)
     accelerator.print(f"resumed from {plan.checkpoint} at step {state.step}")
     return state
+
+
+def check_resumed_weights(accelerator: Accelerator, model: nn.Module, checkpoint: Path) -> None:
+    """Refuse a checkpoint whose weights hold NaN or inf (damaged on disk: training never saves them), on every
+    process at once (each counts its own shards), naming the first such tensor a process holds."""
+    first, count = None, 0
+    for name, param in accelerator.unwrap_model(model, keep_torch_compile=False).named_parameters():
+        values = param.detach()
+        values = values.to_local() if hasattr(values, "to_local") else values  # a sharded (FSDP2) parameter
+        bad = int((~torch.isfinite(values)).sum())
+        first, count = first or (name if bad else None), count + bad
+    if accelerator.num_processes > 1:
+        count = int(accelerator.reduce(torch.tensor(count, device=accelerator.device), "sum").item())
+    if count:
+        where = f" (the first in {first})" if first else ""
+        raise ValueError(f"checkpoint {checkpoint} holds {count} non-finite weight(s) (NaN or inf){where}: it is "
+                         f"damaged. Resume from an earlier one (--resume_from_checkpoint {checkpoint.parent}/"
+                         "checkpoint-N), or start again with --overwrite_output_dir")
 
 
 def start_trackers(plan: RunPlan, accelerator: Accelerator) -> None:

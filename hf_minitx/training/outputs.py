@@ -45,11 +45,14 @@ def read_metrics(run_dir: str | Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise FileNotFoundError(f"No metrics file at {path}; pass a training output folder that holds metrics.jsonl.")
     train, evals = [], []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        if not raw.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}:{number} is not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1}); "
+                             "metrics.jsonl is written by minitx train: restore it, or delete that line") from None
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{number} is not valid JSON ({err.msg}); each line must be one JSON object.") from err
         if record.get("type") == "train":
@@ -81,7 +84,8 @@ def truncate_metrics(output_dir: str | Path, step: int) -> None:
     path = Path(output_dir) / METRICS_FILE
     if not path.is_file():
         return
-    kept = [line for line in path.read_text().splitlines() if (record := _parse(line)) and record["step"] <= step]
+    kept = [line for line in path.read_text(errors="replace").splitlines()
+            if (record := _parse(line)) and record["step"] <= step]
     write_file(path, lambda tmp: tmp.write_text("".join(line + "\n" for line in kept)))
 
 

@@ -118,7 +118,13 @@ class AlreadyComplete(Exception):
 def resolve_model_settings(model_args: ModelArguments, data_args: DataArguments) -> dict[str, Any]:
     """MiniTxConfig fields from the preset and the overrides; ``is_encoder_decoder`` follows the task."""
     settings = load_preset(model_args.preset)
-    settings.update(parse_config_overrides(model_args.config_overrides))
+    overrides = parse_config_overrides(model_args.config_overrides)
+    from_tokenizer = [key for key in TOKENIZER_IDS if key in overrides]
+    if from_tokenizer:
+        raise ValueError(f"--config_overrides {from_tokenizer[0]}=... cannot be set: the vocabulary size and special "
+                         "token ids come from the tokenizer. Remove it; for another vocabulary size pass "
+                         "--tokenizer_vocab_size N (a fresh tokenizer) or a --tokenizer of that size")
+    settings.update(overrides)
     wants_seq2seq = data_args.task == "seq2seq"
     if "is_encoder_decoder" in settings and bool(settings["is_encoder_decoder"]) != wants_seq2seq:
         kind = "an encoder-decoder" if settings["is_encoder_decoder"] else "a decoder-only"
@@ -547,6 +553,11 @@ def lock_output_folder(plan: RunPlan) -> None:
     made = not plan.output_dir.exists()
     lock_folder(plan.output_dir, command="train")  # a live writer refuses (and nothing is noted)
     plan.made_folder = made
+    pattern = f".{plan.output_dir.name}.tokenizer-*{PARTIAL_SUFFIX}"
+    for orphan in plan.output_dir.parent.glob(pattern):  # only the lock holder stages: these are a killed run's
+        if orphan != tokenizer_staging(plan):
+            shutil.rmtree(orphan, ignore_errors=True)
+            print(f"note: removed {orphan}, a tokenizer left half-saved by a run that was killed")
 
 
 def release_unclaimed(plan: RunPlan) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 import torch
+from conftest import hold_lock
 from huggingface_hub import metadata_load
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
@@ -220,6 +221,15 @@ def test_push_of_an_interrupted_run_says_how_to_finish_it(tmp_path, capsys):
     assert len(err) == 1 and "its run was interrupted" in err[0] and ":;" not in err[0], err
     assert "--resume_from_checkpoint latest" in err[0] and f"minitx explore --model {run} --run {run}" in err[0]
     assert not (tmp_path / "stage").exists()
+    holder = hold_lock(run)  # the same folder while its run is still going: not "interrupted"
+    try:
+        assert minitx(["push", "--model_dir", str(run), "--dry_run", str(tmp_path / "stage")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "its run is still going (`minitx train` (pid" in err[0] and "Wait for it" in err[0]
+        assert "--resume_from_checkpoint" not in err[0] and f"minitx explore --model {run} --run {run}" in err[0]
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_verify_requires_a_tokenizer(causal_copy):
@@ -568,7 +578,7 @@ def test_card_records_the_training_recipe(causal_copy):
     text = render_model_card(causal_copy, repo_id="alice/tiny")
     muon = recipe["parameter_groups"][0]
     assert "| Optimizer | `muon` |" in text
-    assert (f"| Group `muon` | Muon, peak lr 0.03, weight decay 0, momentum {args.muon_momentum:g}, "
+    assert (f"| Group `muon` | Muon, peak lr 0.03, weight decay {args.muon_weight_decay:g}, momentum {args.muon_momentum:g}, "
             f"{muon['tensors']} tensors, {muon['parameters']:,} parameters |") in text
     assert (f"| Group `adamw_no_decay` | AdamW, peak lr {args.learning_rate:g}, weight decay 0, "
             f"betas ({args.adam_beta1:g}, {args.adam_beta2:g}),") in text

@@ -226,7 +226,7 @@ def test_max_checkpoints_spreads_from_first_to_last():
                                   "target-for-decoder-only", "not-html", "another-models-run", "damaged-checkpoint",
                                   "out-under-a-file", "empty-text", "run-not-a-folder", "no-model-folder",
                                   "nan-weight", "nan-checkpoint", "another-runs-history", "not-utf8-text",
-                                  "interrupted-run", "unrecorded-copy-and-another-run",
+                                  "interrupted-run", "interrupted-run-without-weights", "unrecorded-copy-and-another-run",
                                   "copied-over-another-run"])
 def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, capsys):
     out = tmp_path / "out" / "page.html"
@@ -298,7 +298,11 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
     elif case == "interrupted-run":
         interrupted = tmp_path / "interrupted"
         _checkpoint(interrupted, 4, tiny_causal())
-        argv[2], expected = str(interrupted), "holds checkpoints but no final model, and no checkpoint with"
+        argv[2], expected = str(interrupted), "and no tokenizer: the run reads its tokenizer from elsewhere (--tokenizer)"
+    elif case == "interrupted-run-without-weights":
+        interrupted = tmp_path / "interrupted"
+        (_checkpoint(interrupted, 4, tiny_causal()) / "pytorch_model.bin").unlink()
+        argv[2], expected = str(interrupted), "holds checkpoints but no final model, and none of them holds weights"
     elif case == "nan-weight":  # a run that diverged: its page would embed bare NaN (not JSON) and stay blank
         poison_weight(causal_run / "model.safetensors", "model.decoder.layers.1.mlp.fc2.weight")
         expected = "non-finite value(s) (NaN or inf) in model.decoder.layers.1.mlp.fc2.weight"

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import HOLD, REPO, hold_lock
 from test_safety import has_a_train_record, run_hooked, snapshot
 from test_train import causal_args, text_file  # noqa: F401  (text_file is a fixture)
 
@@ -28,16 +29,6 @@ from hf_minitx.folders import (
     write_marker,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-HOLD = """
-import sys, time
-from pathlib import Path
-from hf_minitx.folders import lock_folder
-lock_folder(Path(sys.argv[1]), command="train")
-print("LOCKED", flush=True)
-time.sleep(600)
-"""
-
 
 @pytest.fixture(autouse=True)
 def _fresh_accelerate_state():
@@ -48,12 +39,6 @@ def _fresh_accelerate_state():
     yield
 
 
-def hold_lock(folder: Path) -> subprocess.Popen:
-    """Another process that takes the folder's lock (as a training run does) and lives on."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.stdout.readline().strip() == "LOCKED"
-    return proc
 
 
 def test_the_other_processes_of_the_launch_that_holds_the_lock_pass_its_check(tmp_path, monkeypatch):
@@ -184,6 +169,37 @@ def test_train_tokenizer_overwrite_refuses_a_trained_run(tmp_path, text_file, ca
     tok = a_run_folder(tmp_path / "tok", command="train-tokenizer")
     assert minitx([*args[:-1], str(tok), "--overwrite"]) == 0  # its own folders are replaced
     assert (tok / "tokenizer.json").is_file() and not (tok / "model.safetensors").exists()
+
+
+def test_a_killed_runs_half_saved_tokenizer_is_removed_by_the_next_run(tmp_path, text_file, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    orphan = tmp_path / ".run.tokenizer-4242.partial"  # kill -9 while the tokenizer was being saved
+    other = tmp_path / ".other.tokenizer-4242.partial"  # another folder's: not this run's to remove
+    for folder in (orphan, other):
+        folder.mkdir()
+        (folder / "tokenizer.json").write_text("{")
+    assert minitx(["train", *causal_args(text_file, out, "--max_steps", "1")]) == 0
+    assert f"note: removed {orphan}, a tokenizer left half-saved by a run that was killed" in capsys.readouterr().out
+    assert not orphan.exists() and other.is_dir() and (out / "tokenizer.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tokenizer-4242.partial", "run"]
+
+
+def test_the_first_refusal_names_only_a_fix_that_works(tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+
+    def refusal(**kwargs) -> str:
+        with pytest.raises(FolderRefused) as caught:
+            check_output_folder(folder, overwrite=False, **{"flag": "--overwrite", **kwargs})
+        return str(caught.value)
+
+    assert "not made by minitx, so --overwrite alone would not replace it: delete its contents yourself" in refusal()
+    assert "pass --overwrite --overwrite_any_folder to replace it anyway" in refusal(any_flag="--overwrite_any_folder")
+    write_marker(folder, command="train", run_id="r1")
+    assert "holds a run of `minitx train`, which --overwrite would not replace" in refusal(command="export")
+    assert refusal(command="train").endswith("Pass --overwrite to replace it, or choose another --output_dir.")
+    assert refusal(flag=None).endswith("Choose a new or empty --output_dir.")
 
 
 def test_output_dir_dot_is_the_current_folder(tmp_path, text_file, monkeypatch, capsys):  # noqa: F811

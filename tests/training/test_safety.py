@@ -443,6 +443,24 @@ def test_a_resume_behind_its_checkpoint_is_refused_and_a_summary_without_a_model
     assert "already complete" not in capsys.readouterr().out and (run / "model.safetensors").is_file()
 
 
+def test_a_checkpoint_with_a_nan_weight_is_refused_on_resume_not_called_good(short_run, text_file, tmp_path, capsys):  # noqa: F811
+    run = tmp_path / "run"
+    shutil.copytree(short_run, run)
+    for name in ("model.safetensors", "config.json", "training_summary.json"):  # killed before its final save
+        (run / name).unlink()
+    weights_file = run / "checkpoint-2" / "pytorch_model.bin"
+    weights = torch.load(weights_file, weights_only=True)
+    weights[sorted(weights)[0]].view(-1)[0] = float("nan")  # damaged on disk
+    torch.save(weights, weights_file)
+    resume = ["train", *causal_args(text_file, run, "--max_steps", "4", "--checkpointing_steps", "2",
+                                    "--resume_from_checkpoint", "latest")]
+    assert minitx(resume) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and f"checkpoint {run / 'checkpoint-2'} holds 1 non-finite weight(s) (NaN or inf)" in err[0]
+    assert "it is damaged" in err[0] and "learning_rate" not in err[0]
+    assert not (run / "model.safetensors").exists() and sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2"]
+
+
 def test_damaged_run_marker_is_named(short_run, text_file, tmp_path, capsys):  # noqa: F811
     run = tmp_path / "run"
     shutil.copytree(short_run, run)

@@ -15,6 +15,7 @@ import torch
 from conftest import assert_same_weights, free_port, kill_then_resume
 from safetensors.torch import load_file
 
+from hf_minitx.cli import main as minitx
 from hf_minitx.models import MiniTxConfig
 from hf_minitx.training.arguments import TrainArguments, parse_training_args
 from hf_minitx.training.checkpoints import write_run_state
@@ -417,6 +418,15 @@ def test_checkpoint_from_another_config_is_refused(tmp_path, text_file):
 def test_invalid_model_override_is_refused(tmp_path):
     with pytest.raises(ValueError, match="hidden_size"):
         main(["--config_overrides", "hidden_size=30,num_attention_heads=4", "--output_dir", str(tmp_path / "x")])
+
+
+@pytest.mark.parametrize("field", ["vocab_size", "eos_token_id"])
+def test_an_override_of_what_the_tokenizer_decides_is_refused_not_dropped(tmp_path, capsys, field):
+    args = ["train", "--config_overrides", f"hidden_size=32,{field}=10", "--output_dir", str(tmp_path / "x")]
+    assert minitx(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--config_overrides {field}=... cannot be set" in err[0] and "--tokenizer" in err[0]
+    assert not (tmp_path / "x").exists()
 
 
 # --- minitx generate -----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from hf_minitx.training.checkpoints import list_checkpoints, rotate_checkpoints,
 from hf_minitx.training.data_order import ShiftedWindows, StepIndexedBatchSampler
 from hf_minitx.training.evaluation import exact_match
 from hf_minitx.training.loss import Objective, count_label_tokens, sequence_cross_entropy
-from hf_minitx.training.outputs import append_metrics, truncate_metrics
+from hf_minitx.training.outputs import append_metrics, read_metrics, truncate_metrics
 
 
 def _take(sampler, n):
@@ -126,6 +126,17 @@ def test_resumed_metrics_drop_the_records_after_the_checkpoint(tmp_path):
     truncate_metrics(tmp_path, 2)
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2]
+
+
+def test_a_metrics_line_that_is_not_utf8_is_named_and_a_resume_drops_it(tmp_path):
+    for step in (1, 2):
+        append_metrics(tmp_path, {"type": "train", "step": step, "loss": float(step)})
+    with (tmp_path / "metrics.jsonl").open("ab") as handle:
+        handle.write(b'{"type": "train", "step": 3, "lo\xffss": 1.0}\n')
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:3 is not UTF-8 \(byte 0xff at column 33\); metrics"):
+        read_metrics(tmp_path)
+    truncate_metrics(tmp_path, 2)
+    assert list(read_metrics(tmp_path)["train_step"]) == [1, 2]
 
 
 def test_exact_match_is_a_percentage():
