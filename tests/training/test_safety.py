@@ -378,13 +378,19 @@ def test_preset_with_an_unknown_field_is_refused(tmp_path, text_file, capsys):  
     assert not (tmp_path / "x").exists()
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    """In the child: SIGINT as a terminal delivers it. A shell that starts the tests in the background makes its
+    children ignore SIGINT, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("pause_at", ["data", "staged"])
 def test_ctrl_c_during_startup_ends_in_one_line_and_leaves_nothing(tmp_path, text_file, pause_at):  # noqa: F811
     out = tmp_path / "run"
     process = subprocess.Popen(
         [sys.executable, "-c", STARTUP_HOOK, "train", *causal_args(text_file, out, "--max_steps", "2")],
         cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "TEST_PAUSE_AT": pause_at}, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ctrl_c_as_in_a_terminal)
     assert any(line.strip() == "PAUSED" for line in iter(process.stdout.readline, ""))
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
@@ -396,7 +402,8 @@ def test_ctrl_c_during_startup_ends_in_one_line_and_leaves_nothing(tmp_path, tex
 
 def test_ctrl_c_while_the_libraries_load_ends_in_one_line(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "hf_minitx", "train", "--output_dir", str(tmp_path / "run")],
-                               cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                               cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               preexec_fn=ctrl_c_as_in_a_terminal)
     time.sleep(0.5)  # importing torch and transformers takes seconds
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
