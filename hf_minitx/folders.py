@@ -186,17 +186,27 @@ def check_output_folder(
     return folder
 
 
-def _replace_remedy(folder: Path, flag: str | None, option: str, command: str | None, any_flag: str | None) -> str:
-    """How to get past a non-empty output folder: the replace flag only where it would work (see
-    ``check_replaceable``)."""
+def _flag_refusal(folder: Path, command: str | None) -> tuple[str, dict[str, Any] | None] | None:
+    """Why a replace flag would not replace ``folder`` ("foreign": no minitx command made it; "other-command":
+    another command's run), with its marker; None when it would."""
     made_by = read_marker(folder)
+    if made_by is None and not holds_run_files(folder):
+        return "foreign", made_by
+    if command is not None and made_by is not None and made_by.get("command") != command:
+        return "other-command", made_by
+    return None
+
+
+def _replace_remedy(folder: Path, flag: str | None, option: str, command: str | None, any_flag: str | None) -> str:
+    """How to get past a non-empty output folder: the replace flag only where it would work."""
     if flag is None:
         return f"Choose a new or empty {option}."
-    if made_by is None and not holds_run_files(folder):
+    refusal = _flag_refusal(folder, command)
+    if refusal is not None and refusal[0] == "foreign":
         anyway = f"pass {flag} {any_flag} to replace it anyway" if any_flag else "delete its contents yourself"
         return f"It was not made by minitx, so {flag} alone would not replace it: {anyway}, or choose another {option}."
-    if command is not None and made_by is not None and made_by.get("command") != command:
-        return f"It holds a run of `minitx {made_by.get('command')}`, which {flag} would not replace: choose another {option}."
+    if refusal is not None:
+        return f"It holds a run of `minitx {refusal[1].get('command')}`, which {flag} would not replace: choose another {option}."
     return f"Pass {flag} to replace it, or choose another {option}."
 
 
@@ -209,15 +219,15 @@ def check_replaceable(folder: Path, *, option: str, command: str | None, any_fla
                             f"folder you are in ({describe_contents(folder)}); choose a subfolder as {option}")
     if overwrite_any:
         return
-    made_by = read_marker(folder)
+    refusal = _flag_refusal(folder, command)
     count = sum(1 for p in folder.iterdir() if p.name != LOCK_FILE)
     what = f"{count} entr{'y' if count == 1 else 'ies'}: {describe_contents(folder)}"
-    if made_by is None and not holds_run_files(folder):
+    if refusal is not None and refusal[0] == "foreign":
         remedy = f"pass {any_flag} to delete them anyway, or" if any_flag else "delete them yourself, or"
         raise FolderRefused(f"{option} {folder} was not made by minitx; replacing it would delete {what}. The "
                             f"replace flag only replaces a minitx folder: {remedy} choose another {option}")
-    if command is not None and made_by is not None and made_by.get("command") != command:
-        raise FolderRefused(f"{option} {folder} holds a run of `minitx {made_by.get('command')}` ({what}); "
+    if refusal is not None:
+        raise FolderRefused(f"{option} {folder} holds a run of `minitx {refusal[1].get('command')}` ({what}); "
                             f"`minitx {command}` replaces only a folder `minitx {command}` made. Choose another "
                             f"{option}")
 
