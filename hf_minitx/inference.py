@@ -63,18 +63,31 @@ def check_loading_info(folder: Path, info: dict) -> None:
                          "edited or mixed from two runs; save the model again, or restore the config it was saved with")
 
 
-def check_finite_weights(model: torch.nn.Module, source: Path) -> None:
-    """Refuse a model with a NaN or infinite weight (a run that diverged), naming the first such tensor:
-    its logits would be NaN, and every page or sample drawn from them meaningless."""
+def non_finite_weights(model: torch.nn.Module) -> tuple[int, str | None, int]:
+    """(NaN and inf values in all of ``model``'s parameters, the first tensor holding one, its count). A sharded
+    (FSDP2) parameter counts this process's shard; a quantized one (torchao's) its dequantized values."""
+    total, first, first_bad = 0, None, 0
     for name, param in model.named_parameters():
         values = param.detach()
+        if hasattr(values, "to_local"):  # a sharded (FSDP2) parameter
+            values = values.to_local()
         if type(values) is not torch.Tensor and hasattr(values, "dequantize"):  # a quantized weight (torchao's)
             values = values.dequantize()
         bad = int((~torch.isfinite(values)).sum())
-        if bad:
-            raise ValueError(f"{source} holds {bad} non-finite value(s) (NaN or inf) in {name}: the training that "
-                             "saved it diverged. Use an earlier checkpoint, or train again with a lower "
-                             "--learning_rate")
+        if bad and first is None:
+            first, first_bad = name, bad
+        total += bad
+    return total, first, first_bad
+
+
+def check_finite_weights(model: torch.nn.Module, source: Path) -> None:
+    """Refuse a model with a NaN or infinite weight (a run that diverged), naming the first such tensor:
+    its logits would be NaN, and every page or sample drawn from them meaningless."""
+    _, name, bad = non_finite_weights(model)
+    if name is not None:
+        raise ValueError(f"{source} holds {bad} non-finite value(s) (NaN or inf) in {name}: the training that "
+                         "saved it diverged. Use an earlier checkpoint, or train again with a lower "
+                         "--learning_rate")
 
 
 @contextmanager

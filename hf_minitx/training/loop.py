@@ -46,6 +46,7 @@ from ..data.corpus import REPLACED_BYTES, SKIPPED_ROWS, UndecodableText
 from ..data.streaming import PackedBlockStream
 from ..device import describe_hardware
 from ..folders import PARTIAL_SUFFIX, move_files_into, output_path, unlock_folder
+from ..inference import non_finite_weights
 from .arguments import DataArguments, ModelArguments, TrainArguments, parse_training_args
 from .best import BestWeights
 from .budget import LENGTH_FREE_SCHEDULES, Probe, TimeBudget, every
@@ -513,12 +514,7 @@ def resume(plan: RunPlan, accelerator: Accelerator, model: nn.Module) -> RunStat
 def check_resumed_weights(accelerator: Accelerator, model: nn.Module, checkpoint: Path) -> None:
     """Refuse a checkpoint whose weights hold NaN or inf (damaged on disk: training never saves them), on every
     process at once (each counts its own shards), naming the first such tensor a process holds."""
-    first, count = None, 0
-    for name, param in accelerator.unwrap_model(model, keep_torch_compile=False).named_parameters():
-        values = param.detach()
-        values = values.to_local() if hasattr(values, "to_local") else values  # a sharded (FSDP2) parameter
-        bad = int((~torch.isfinite(values)).sum())
-        first, count = first or (name if bad else None), count + bad
+    count, first, _ = non_finite_weights(accelerator.unwrap_model(model, keep_torch_compile=False))
     if accelerator.num_processes > 1:
         count = int(accelerator.reduce(torch.tensor(count, device=accelerator.device), "sum").item())
     if count:
