@@ -22,10 +22,12 @@ def align_labels(logits: torch.Tensor, labels: torch.Tensor, shift: bool) -> tup
     """Pair each logit row with the label it predicts.
 
     logits (batch, seq, vocab), labels (batch, seq). Causal LM (``shift=True``): position t predicts
-    label t+1, so logits lose their last row and labels their first; seq2seq labels are already aligned.
+    label t+1, so the labels move one place left and the last position gets ``IGNORE_INDEX``. The logits are
+    left whole: slicing off their last row would copy them, and its backward would write a zero-filled
+    (batch, seq, vocab) gradient, the largest tensors of a small model's step. Seq2seq labels are already aligned.
     """
     if shift:
-        return logits[:, :-1], labels[:, 1:]
+        return logits, torch.nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)  # (batch, seq)
     return logits, labels
 
 

@@ -36,7 +36,7 @@ from ..data.corpus import (
 )
 from ..data.preprocessing import block_collator
 from ..data.tokenizer import MIN_VOCAB_SIZE, load_tokenizer, train_bpe_tokenizer
-from ..device import pick_device
+from ..device import keep_freed_memory, pick_device
 from ..folders import (
     PARTIAL_SUFFIX,
     check_apart,
@@ -435,6 +435,7 @@ def make_accelerator(train_args: TrainArguments, trackers: list[str]) -> Acceler
     if accelerator.device.type == "cpu":
         requested = train_args.num_threads
         torch.set_num_threads(requested or max(1, (os.cpu_count() or 1) // max(1, accelerator.num_processes)))
+        keep_freed_memory()  # every step frees and reallocates the same large tensors
     return accelerator
 
 
