@@ -90,15 +90,20 @@ def generation_weight(linears: tuple[nn.Linear, ...], parts: int = 1, dense: boo
     return GenerationWeight(weight, bias, by_input)
 
 
+INT8_KERNEL_INPUT_MULTIPLE = 16  # torch 2.13's AVX-512 `_weight_int8pack_mm` crashes or errs on other widths
+
+
 def int8_rows(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(out, in) int8 values and (out,) scales of a weight quantized weight-only, symmetric, one scale per output
-    row (torchao's `Int8WeightOnlyConfig`, as `TorchAoConfig` loads it), on a CPU; None for any other weight."""
+    row (torchao's `Int8WeightOnlyConfig`, as `TorchAoConfig` loads it), on a CPU; None for any other weight, and
+    for one whose input width is not a multiple of 16: the int8 kernel's AVX-512 form reads the inputs 16 at a
+    time and crashes (or gives wrong values) on the rest, so such a weight keeps torchao's own call."""
     weight = getattr(linear, "weight", None)
     values, scale = getattr(weight, "qdata", None), getattr(weight, "scale", None)
     if (type(linear) is not nn.Linear or linear._forward_hooks or linear._forward_pre_hooks
             or not isinstance(values, torch.Tensor) or values.dtype != torch.int8 or values.dim() != 2
             or values.device.type != "cpu" or not isinstance(scale, torch.Tensor) or scale.numel() != values.shape[0]
-            or not hasattr(torch, "_weight_int8pack_mm")):
+            or values.shape[1] % INT8_KERNEL_INPUT_MULTIPLE or not hasattr(torch, "_weight_int8pack_mm")):
         return None
     zero_point = getattr(weight, "zero_point", None)
     if (getattr(weight, "act_quant_kwargs", None) is not None or getattr(weight, "act_pre_scale", None) is not None

@@ -118,6 +118,24 @@ def test_int8_copies_compute_what_torchao_computes(pattern_model):
     assert "fused_qkv" not in vars(attention)
 
 
+def test_int8_weights_of_an_odd_input_width_keep_torchao_call(tmp_path):
+    """The int8 kernel reads inputs 16 at a time (its AVX-512 form crashed on 88): a quantized fc2 whose input
+    width (intermediate_size 40) is not a multiple of 16 gets no int8 copy, and generate() still gives, step by
+    step, the logits of torchao's own call (a plain forward over the tokens it chose)."""
+    tiny_causal(hidden_act="swiglu", intermediate_size=40).save_pretrained(tmp_path)
+    model = int8_model(tmp_path)
+    mlp = model.model.decoder.layers[0].mlp
+    assert decoding_minitx.int8_rows(mlp.fc2) is None and decoding_minitx.int8_rows(mlp.fc1) is not None
+    holders = set()
+    out = model.generate(prompt(), output_scores=True, return_dict_in_generate=True, **GREEDY)
+    generate_watching(model, holders)
+    assert mlp.fc1 in holders or mlp in holders
+    assert mlp.fc2 not in holders  # torchao's own call
+    with torch.no_grad():
+        logits = model(out.sequences).logits[0, prompt().shape[1] - 1:-1]  # (new tokens, vocab)
+    torch.testing.assert_close(torch.stack(out.scores)[:, 0], logits, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.slow
 def test_compiled_int8_decoding_gives_the_same_tokens(pattern_model):
     """The fastest CPU path (int8 weights read as int8, decode steps compiled over a static cache) keeps the tokens."""
