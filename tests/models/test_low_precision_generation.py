@@ -126,11 +126,11 @@ def test_int8_weights_of_an_odd_input_width_keep_torchao_call(tmp_path):
     model = int8_model(tmp_path)
     mlp = model.model.decoder.layers[0].mlp
     assert decoding_minitx.int8_rows(mlp.fc2) is None and decoding_minitx.int8_rows(mlp.fc1) is not None
-    holders = set()
-    out = model.generate(prompt(), output_scores=True, return_dict_in_generate=True, **GREEDY)
-    generate_watching(model, holders)
-    assert mlp.fc1 in holders or mlp in holders
-    assert mlp.fc2 not in holders  # torchao's own call
+    watcher = CopiesSeen(model)
+    out = model.generate(prompt(), logits_processor=LogitsProcessorList([watcher]), output_scores=True,
+                         return_dict_in_generate=True, **GREEDY)
+    assert mlp.fc1 in watcher.holders or mlp in watcher.holders
+    assert mlp.fc2 not in watcher.holders  # torchao's own call
     with torch.no_grad():
         logits = model(out.sequences).logits[0, prompt().shape[1] - 1:-1]  # (new tokens, vocab)
     torch.testing.assert_close(torch.stack(out.scores)[:, 0], logits, rtol=2e-2, atol=2e-2)
