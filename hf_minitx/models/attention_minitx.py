@@ -5,6 +5,7 @@ broadcast over heads. Boolean masks follow any dtype and device, and torch's fus
 """
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -83,6 +84,21 @@ def eager_attention_forward(
         is_causal=is_causal, scaling=scaling, dropout=dropout,
     )
     return out.transpose(1, 2).contiguous(), weights  # (batch, q_len, heads, head_dim)
+
+
+def attend_in_full_precision_on_cpu(attention: Callable, module: torch.nn.Module, query: torch.Tensor,
+                                    key: torch.Tensor, value: torch.Tensor, *args, **kwargs) -> tuple:
+    """``attention(module, query, key, value, *args, **kwargs)``, run in float32 under a CPU autocast.
+
+    CPU autocast would run torch's fused attention in bf16, and its bf16 backward on a CPU is about 3.5x slower
+    than float32's (measured at 8 rows x 4 heads x 128 positions x 32 on a 2-core AMD EPYC with AVX-512 BF16),
+    while the linear maps around it gain 2-2.7x from bf16. The output is then float32 (the next linear map casts
+    it back). Anywhere else the call is unchanged.
+    """
+    if query.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+        return attention(module, query, key, value, *args, **kwargs)
+    with torch.autocast("cpu", enabled=False):
+        return attention(module, query.float(), key.float(), value.float(), *args, **kwargs)
 
 
 def causal_mask(q_len: int, kv_len: int, device: torch.device | None = None, past_len: int | None = None) -> torch.Tensor:
@@ -172,6 +188,7 @@ def cross_attention_mask(
 
 __all__ = [
     "scaled_dot_product_attention",
+    "attend_in_full_precision_on_cpu",
     "eager_attention_forward",
     "repeat_kv",
     "causal_mask",

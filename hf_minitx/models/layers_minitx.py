@@ -14,7 +14,7 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .attention_minitx import eager_attention_forward
+from .attention_minitx import attend_in_full_precision_on_cpu, eager_attention_forward
 from .configuration_minitx import MiniTxConfig
 from .decoding_minitx import project, project_query_key_value
 from .positions_minitx import apply_rotary
@@ -191,8 +191,8 @@ class MiniTxAttention(nn.Module):
                 key, value = self_cache.update(key, value, self.layer_idx)  # (batch, kv_heads, kv_len, head_dim)
 
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        output, weights = attention(
-            self, query, key, value, attention_mask,
+        output, weights = attend_in_full_precision_on_cpu(  # bf16 attention backward is slow on a CPU
+            attention, self, query, key, value, attention_mask,
             scaling=self.scaling, dropout=self.config.attention_dropout if self.training else 0.0,
         )
         output = output.reshape(batch, q_len, -1)  # (batch, q_len, heads * head_dim)

@@ -81,6 +81,45 @@ def test_bf16_autocast_on_cpu_runs_and_stays_close(position, seq2seq):
     assert out.shape[0] == 2 and torch.isfinite(logits.float()).all()
 
 
+@pytest.mark.parametrize("seq2seq", [False, True])
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_attention_runs_in_float32_under_cpu_autocast_and_its_gradients_stay_close(seq2seq, impl, monkeypatch):
+    """Under a CPU bf16 autocast the linear maps run in bf16 but attention itself in float32 (its bf16 backward
+    is several times slower on a CPU): every attention call of every layer sees float32 queries, keys and
+    values, while outside autocast bf16 inputs reach it unchanged."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from hf_minitx.models import attention_minitx, layers_minitx
+
+    seen: list[torch.dtype] = []
+    real = ALL_ATTENTION_FUNCTIONS.get_interface(impl, attention_minitx.eager_attention_forward)
+
+    def spy(module, query, key, value, *args, **kwargs):
+        seen.extend((query.dtype, key.dtype, value.dtype))
+        return real(module, query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(layers_minitx.ALL_ATTENTION_FUNCTIONS, "get_interface", lambda *_: spy)
+    model = _model("rope", seq2seq).train()
+    model.set_attn_implementation(impl)
+    batch = _inputs(seq2seq)
+    labels = batch["decoder_input_ids"] if seq2seq else batch["input_ids"]
+    model(**batch, labels=labels).loss.backward()
+    reference = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    seen.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(**batch, labels=labels).loss
+    loss.backward()
+    calls = 3 * (6 if seq2seq else 2)  # (q, k, v) per call: 2 self-attentions, seq2seq 2 + 2 and 2 cross
+    assert seen == [torch.float32] * calls
+    grads = torch.cat([p.grad.flatten() for name, p in model.named_parameters() if name in reference])
+    expected = torch.cat([g.flatten() for g in reference.values()])
+    assert (grads - expected).norm() < 0.05 * expected.norm()  # what float32 learns, within bf16 rounding
+    seen.clear()
+    model.to(torch.bfloat16)(**batch)  # a bf16 model without autocast keeps attending in bf16
+    assert set(seen) == {torch.bfloat16}
+
+
 @pytest.mark.parametrize(("position", "seq2seq"), CASES)
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_masks_and_position_tables_follow_the_input_device(position, seq2seq, impl):
