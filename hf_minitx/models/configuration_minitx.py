@@ -1,10 +1,26 @@
 """MiniTxConfig: the one configuration shared by the decoder-only and the encoder-decoder model."""
 
+import contextlib
+import contextvars
 import difflib
 import math
 from typing import NamedTuple
 
 from transformers import PretrainedConfig
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+_LOADING = contextvars.ContextVar("minitx_config_loading", default=False)  # True while a saved config is read
+
+
+@contextlib.contextmanager
+def _loading():
+    """Mark the configs built inside as read from a saved file (their extra keys are not typos)."""
+    token = _LOADING.set(True)
+    try:
+        yield
+    finally:
+        _LOADING.reset(token)
 
 HIDDEN_ACTS = ("gelu", "relu", "relu2", "swiglu")  # the feed-forwards of layers_minitx.ACTIVATIONS
 NORM_POSITIONS = ("pre", "post")
@@ -111,7 +127,8 @@ class MiniTxConfig(PretrainedConfig):
     decoder_start_token_id: int | None = None
 
     def __post_init__(self, **kwargs):
-        self._refuse_misspelled(kwargs)
+        if not _LOADING.get():
+            self._warn_misspelled(kwargs)
         self._check_types()
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
@@ -131,17 +148,36 @@ class MiniTxConfig(PretrainedConfig):
         self._check()
 
     @classmethod
-    def _refuse_misspelled(cls, kwargs: dict) -> None:
-        """An unknown keyword close to one of MiniTx's own fields (``hiden_size``) is a typo: a TypeError names the
-        field it resembles. Other unknown keywords belong to transformers (``id2label``, ``torch_dtype``,
-        ``sep_token_id``...) and are kept as PretrainedConfig keeps them."""
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """`PretrainedConfig.from_dict` (what `from_pretrained` uses), without the near-miss warning: a saved
+        config's extra keys were set on purpose (by code, or by transformers' own tests) and come back as saved."""
+        with _loading():
+            return super().from_dict(config_dict, **kwargs)
+
+    @classmethod
+    def from_json_file(cls, json_file):
+        """`PretrainedConfig.from_json_file`, quiet about saved extra keys as `from_dict` is."""
+        with _loading():
+            return super().from_json_file(json_file)
+
+    @classmethod
+    def _warn_misspelled(cls, kwargs: dict) -> None:
+        """One warning line for unknown keywords close to one of MiniTx's own fields (``hiden_size``), naming the
+        field each resembles. Like every unknown keyword they are kept as PretrainedConfig keeps them (an extra
+        attribute that round-trips through config.json) but change nothing in the model."""
         ours = list(cls.__annotations__)
+        hints = []
         for key in kwargs:
             if key in ours or key.startswith("_") or key.endswith("_token_id") or key in HF_KEYWORDS:
                 continue
             close = difflib.get_close_matches(key, ours, n=1, cutoff=0.8)
             if close:
-                raise TypeError(f"MiniTxConfig got an unknown keyword {key!r}; did you mean {close[0]!r}?")
+                hints.append(f"{key!r} (did you mean {close[0]!r}?)")
+        if hints:
+            many = len(hints) > 1
+            logger.warning(f"MiniTxConfig got unknown keyword{'s' if many else ''} {', '.join(hints)}: kept as "
+                           f"{'extra attributes; they change' if many else 'an extra attribute; it changes'} "
+                           "nothing in the model.")
 
     @property
     def head_dim(self) -> int:

@@ -38,6 +38,7 @@ from .positions_minitx import (
     POSITION_ENCODINGS,
     MiniTxPositionalEmbedding,
     MiniTxRotaryEmbedding,
+    check_generation_fits,
     rope_inverse_frequencies,
     sinusoidal_table,
 )
@@ -466,6 +467,13 @@ class MiniTxLMHeadMixin:
             raise ValueError(f"generate(num_beams={beams!r}): num_beams must be an integer >= 1 "
                              "(1 = greedy or sampling, more = beam search).")
         return generate_in_decode_layout(self, partial(super().generate, *args, **kwargs), config, kwargs)
+
+    def _validate_generated_length(self, generation_config, input_ids_length: int, has_default_max_length: bool):
+        """transformers' length checks, then the position table's: a `max_new_tokens` that would run past
+        `max_position_embeddings` is refused before the first token, naming the largest that fits."""
+        super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
+        check_generation_fits(self.config, input_ids_length, generation_config.max_length,
+                              generation_config.max_new_tokens)
 
     def prepare_inputs_for_generation(
         self,

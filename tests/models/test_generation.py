@@ -107,3 +107,33 @@ def test_static_cache_matches_dynamic_cache():
     dynamic = model.generate(ids, **GREEDY)
     static = model.generate(ids, cache_implementation="static", **GREEDY)
     assert torch.equal(static, dynamic)
+
+
+@pytest.mark.parametrize("pe", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("seq2seq", [False, True], ids=["causal", "seq2seq"])
+def test_too_many_new_tokens_are_refused_before_the_first_forward(pe, seq2seq):
+    model = (tiny_seq2seq if seq2seq else tiny_causal)(position_embedding_type=pe, max_position_embeddings=16)
+    calls = []
+    model.register_forward_hook(lambda *args: calls.append(1))
+    ids = random_ids(2, 5)
+    used = 1 if seq2seq else 5  # the decoder start token, or the prompt
+    with pytest.raises(ValueError, match=rf"generate\(max_new_tokens=40\) does not fit: the model has "
+                                         rf"max_position_embeddings=16 .* {used}, so at most {16 - used} new tokens "
+                                         rf"fit; pass max_new_tokens={16 - used} or less"):
+        model.generate(ids, do_sample=False, max_new_tokens=40)
+    with pytest.raises(ValueError, match=r"generate\(max_length=17\) .* pass max_length=16 or less"):
+        model.generate(ids, do_sample=False, max_length=17)
+    assert calls == []  # refused before any work
+    out = model.generate(ids, do_sample=False, max_new_tokens=16 - used, min_new_tokens=16 - used)
+    assert out.shape[1] == 16  # the largest that fits runs to the end of the table
+
+
+def test_a_prompt_that_fills_the_table_is_told_to_shorten():
+    with pytest.raises(ValueError, match="at most 0 new tokens fit; shorten the prompt"):
+        tiny_causal(max_position_embeddings=16).generate(random_ids(1, 16), do_sample=False, max_new_tokens=1)
+
+
+def test_rotary_positions_have_no_generation_limit():
+    model = tiny_causal(position_embedding_type="rope", max_position_embeddings=16)
+    out = model.generate(random_ids(1, 5), do_sample=False, max_new_tokens=20, min_new_tokens=20)
+    assert out.shape == (1, 25)

@@ -138,3 +138,22 @@ def test_device_map_and_to_device_keep_every_tensor_on_that_device(tmp_path):
     assert {t.dtype for t in _all_tensors(model).values() if t.is_floating_point()} == {torch.bfloat16}
     ids = torch.randint(3, 64, (1, 4))
     assert model.generate(ids, do_sample=False, max_new_tokens=3, min_new_tokens=3).shape == (1, 4)
+
+
+@pytest.mark.parametrize("kind,auto", [("causal", AutoModelForCausalLM), ("seq2seq", AutoModelForSeq2SeqLM)])
+def test_extra_config_attributes_set_by_code_save_and_load(tmp_path, kind, auto):
+    model = _model(kind)
+    model.config.hidden_sizes = [64]  # close to hidden_size: a near-miss name, set on purpose
+    model.config.layer_norm_epsilon = 1.0  # close to layer_norm_eps
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["hidden_sizes"] == [64] and saved["layer_norm_epsilon"] == 1.0
+    loaded = auto.from_pretrained(tmp_path)
+    assert loaded.config.hidden_sizes == [64] and loaded.config.layer_norm_epsilon == 1.0
+    assert loaded.config.layer_norm_eps == model.config.layer_norm_eps  # the real field is untouched
+    assert torch.equal(loaded(**_batch(kind)).logits, model(**_batch(kind)).logits)
+
+
+def _batch(kind) -> dict:
+    ids = torch.randint(3, 64, (2, 5), generator=torch.Generator().manual_seed(0))
+    return {"input_ids": ids, "decoder_input_ids": ids} if kind == "seq2seq" else {"input_ids": ids}
