@@ -222,7 +222,7 @@ def generate_texts(
     outputs: list[str] = []
     for start in range(0, len(sources), batch_size):
         chunk = list(sources[start : start + batch_size])
-        encoded = tokenizer(chunk, return_tensors="pt", padding=True, **truncation).to(device)
+        encoded = tokenizer(chunk, return_tensors="pt", padding=True, split_special_tokens=True, **truncation).to(device)
         generated = model.generate(**encoded, **generate_kwargs)  # (batch, new tokens)
         outputs.extend(text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True))
     return outputs
@@ -235,7 +235,9 @@ def _continue_prompts(
     """New text of a decoder-only model after each prompt (left-padded batch, prompt tokens removed)."""
     device = next(model.parameters()).device
     # verbose=False: check_fits_positions below says what a too-long prompt means (the tokenizer's warning would not)
-    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False, verbose=False).to(device)
+    # split_special_tokens: a "<eos>" written in a prompt is text, never an EOS id mid-prompt
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False, split_special_tokens=True,
+                        verbose=False).to(device)
     empty = [i for i, ids in enumerate(encoded["attention_mask"].sum(dim=1).tolist()) if ids == 0]
     if empty:
         raise ValueError(f"prompt {empty[0]} is empty; give every prompt at least one character of text to continue")

@@ -35,7 +35,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..models.modeling_minitx import IGNORE_INDEX
 
-PREPROCESSING_VERSION = "3"  # bump when the output of a function here changes
+PREPROCESSING_VERSION = "4"  # bump when the output of a function here changes
 LABEL_PAD_ID = IGNORE_INDEX
 DOC_END = "doc_end"
 
@@ -85,8 +85,9 @@ def encode_rows(
 ) -> list[np.ndarray]:
     """Ids of each row as a 1-D array of ``dtype``, EOS appended where the row ends a document.
 
-    The ids are what ``tokenizer(text, add_special_tokens=False)`` gives (no special token inside a
-    document); empty rows give empty arrays and no EOS. All rows go to the tokenizer in one call.
+    The ids are what ``tokenizer(text, add_special_tokens=False, split_special_tokens=True)`` gives: no
+    special token inside a document, a literal ``"<eos>"`` or ``"<pad>"`` in the text being encoded as text, so
+    EOS marks only document ends. Empty rows give empty arrays and no EOS. All rows go to the tokenizer in one call.
     """
     keep = [i for i, text in enumerate(texts) if text]
     batch = [texts[i] for i in keep]
@@ -94,10 +95,11 @@ def encode_rows(
     if not batch:
         encoded = []
     elif backend is not None and backend.truncation is None and backend.padding is None:
+        backend.encode_special_tokens = True  # the wrapper sets it on each call too: threads may set it at once
         encoded = [e.ids for e in backend.encode_batch_fast(batch, add_special_tokens=False)]
     else:  # a slow tokenizer, or truncation/padding set on the backend: the wrapper resets it. Rows are cut
         # into blocks later, so their length is no concern (verbose=False: no "longer than the maximum" warning).
-        encoded = tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]
+        encoded = tokenizer(batch, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
     out = [np.empty(0, dtype)] * len(texts)
     for i, ids in zip(keep, encoded, strict=True):
         out[i] = np.array(ids + [eos_id] if ends[i] else ids, dtype=dtype)
@@ -326,9 +328,12 @@ def _tokenize_pairs(
 ) -> dict:
     """Sources exactly as ``tokenizer(sources, truncation=True, max_length=max_source)`` encodes them
     (the saved tokenizer is the one source of truth for the encoder's input: its post-processor adds
-    EOS); labels are target ids + EOS, truncated to ``max_target`` including the EOS."""
-    encoded = tokenizer([t or "" for t in batch["source"]], truncation=True, max_length=max_source)
-    targets = tokenizer([t or "" for t in batch["target"]], add_special_tokens=False)["input_ids"]
+    EOS); labels are target ids + EOS, truncated to ``max_target`` including the EOS. Special-token text in a
+    source or target is encoded as text."""
+    encoded = tokenizer([t or "" for t in batch["source"]], truncation=True, max_length=max_source,
+                        split_special_tokens=True)
+    targets = tokenizer([t or "" for t in batch["target"]], add_special_tokens=False,
+                        split_special_tokens=True)["input_ids"]
     return {
         "input_ids": encoded["input_ids"],
         "attention_mask": encoded["attention_mask"],

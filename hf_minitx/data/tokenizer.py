@@ -4,7 +4,9 @@ The tokenizer is a stock ``tokenizers`` byte-level BPE wrapped in a transformers
 a saved folder loads with ``AutoTokenizer.from_pretrained(folder)`` and needs no custom code.
 
 Special tokens have fixed ids, so model configs can rely on them:
-``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2, ``<unk>`` = 3.
+``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2, ``<unk>`` = 3. They come only from the pipeline (the
+post-processor, EOS at document ends), never from the text: a literal ``"<eos>"`` in a text is encoded
+as ordinary bytes (``split_special_tokens=True``, saved in ``tokenizer_config.json``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ UNK_TOKEN = "<unk>"
 SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_TOKENS))
 MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256  # the special tokens and the 256 byte symbols
+# Encode special-token text ("<eos>" written in a document, a prompt, code or HTML) as the bytes it is, so a
+# special id only ever comes from the pipeline. transformers saves the flag and applies it on every call.
+AS_TEXT = {"split_special_tokens": True}
 
 
 def _post_processor(add_bos: bool, add_eos: bool) -> processors.TemplateProcessing:
@@ -100,6 +105,7 @@ def train_bpe_tokenizer(
         model_max_length=model_max_length,
         padding_side="left",
         clean_up_tokenization_spaces=False,
+        **AS_TEXT,
     )
 
 
@@ -119,12 +125,15 @@ def _loaded(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
 def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerFast:
     """Load a saved tokenizer folder (or a cached Hub id) with ``AutoTokenizer``.
 
+    Special-token text in what it encodes stays text (``split_special_tokens=True``), also for a folder saved
+    without that setting (before it existed, or by another library); saving the tokenizer again writes it out.
+
     A folder must hold our files (``tokenizer.json``, ``tokenizer_config.json``) and they must parse: a
     missing or damaged file is one error that names it, not a library message about other formats.
     """
     folder = Path(path_or_name)
     if not folder.is_dir():
-        return _loaded(AutoTokenizer.from_pretrained(path_or_name))
+        return _loaded(AutoTokenizer.from_pretrained(path_or_name, **AS_TEXT))
     missing = [name for name in TOKENIZER_FILES if not (folder / name).is_file()]
     if len(missing) == len(TOKENIZER_FILES):
         raise FileNotFoundError(f"{folder} holds no tokenizer (no tokenizer.json or tokenizer_config.json); pass a "
@@ -140,7 +149,7 @@ def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerFast:
             raise ValueError(f"{folder / name} is damaged (not valid JSON: {error}); save the tokenizer again "
                              "or copy an intact file back") from None
     try:
-        return _loaded(AutoTokenizer.from_pretrained(folder))
+        return _loaded(AutoTokenizer.from_pretrained(folder, **AS_TEXT))
     except Exception as error:  # the library's own reasons for a file that parses but is not a tokenizer
         raise ValueError(f"{folder / 'tokenizer.json'} could not be loaded as a tokenizer "
                          f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); save the tokenizer again") from None

@@ -29,7 +29,8 @@ def encode_text(text: str, tokenizer: Any | None, config: Any) -> list[int]:
         raise ValueError("The text to inspect is empty; pass some words (or token ids for a model without tokenizer).")
     text = next(checked_texts([text], "the text to inspect", option="--text"))  # bytes the shell could not decode are named
     if tokenizer is not None:
-        ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # the caller checks length
+        # the caller checks length; a "<eos>" written in the text is text, as in training
+        ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
     else:
         try:
             ids = [int(word) for word in text.split()]

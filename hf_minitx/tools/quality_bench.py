@@ -191,7 +191,8 @@ def train_reference(settings: QualitySettings, tokenizer_dir: str, train_text: s
 
     torch.set_num_threads(settings.num_threads)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    tokens = torch.tensor(tokenizer(train_text, add_special_tokens=False, verbose=False)["input_ids"])  # (n,)
+    ids = tokenizer(train_text, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
+    tokens = torch.tensor(ids)  # (n,)
     torch.manual_seed(settings.seed)
     model = reference_model(settings, len(tokenizer), block, {"bos_token_id": tokenizer.bos_token_id,
                                                               "eos_token_id": tokenizer.eos_token_id})
@@ -229,7 +230,7 @@ def reference_side(job: tuple[QualitySettings, str, str, str, int]) -> dict[str,
 
     trained = train_reference(settings, tokenizer_dir, train_text, block, settings.seconds)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    ids = tokenizer(validation_text, add_special_tokens=False, verbose=False)["input_ids"]
+    ids = tokenizer(validation_text, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
     model = trained["model"]
     curve = score_curve(model, [(s["seconds"], s["step"], s["weights"]) for s in trained["snapshots"]], tokenizer,
                         ids, block, settings)  # the last snapshot is the trained model
@@ -273,7 +274,7 @@ def score_ours(settings: QualitySettings, out: Path, validation_text: str, summa
     tokenizer = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
     block, vocab = summary["recipe"]["block_size"], len(tokenizer)
-    ids = tokenizer(validation_text, add_special_tokens=False, verbose=False)["input_ids"]
+    ids = tokenizer(validation_text, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
     figures = side_figures(model, ids, block, vocab, validation_text, summary["steps"], summary["tokens_seen"],
                            summary["train_seconds"])
     snapshots = [(json.loads((snap.path.parent / "run_state.json").read_text())["train_seconds"], snap.step,

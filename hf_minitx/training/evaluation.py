@@ -165,7 +165,8 @@ class TextEvaluation:
         if not (self.prompts and accelerator.is_main_process):
             return metrics, []
         style = {"do_sample": True, "top_k": 40, "temperature": 0.8} if self.objective.shift else {"do_sample": False}
-        longest = max(len(ids) for ids in self.tokenizer(self.prompts, add_special_tokens=False)["input_ids"])
+        encoded = self.tokenizer(self.prompts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        longest = max(len(ids) for ids in encoded)
         room = room_for_new_tokens(unwrapped, longest)  # stay inside a learned or sinusoidal position table
         new_tokens = 48 if room is None else max(1, min(48, room))
         outputs = generate(unwrapped, self.tokenizer, self.prompts, seed=self.seed, max_new_tokens=new_tokens, **style)
