@@ -155,6 +155,20 @@ def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerFast:
                          f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); save the tokenizer again") from None
 
 
+def check_training_tokenizer(folder: str | Path) -> None:
+    """``--tokenizer FOLDER`` of ``minitx train`` loads and defines ``<pad>``, ``<bos>`` and ``<eos>`` (EOS ends each
+    document, pad fills a last block, BOS starts seq2seq decoding): said when the run is planned, before any
+    corpus is read or tokenized."""
+    tokenizer = load_tokenizer(folder)
+    missing = [name for name in ("eos", "pad", "bos") if getattr(tokenizer, f"{name}_token_id") is None]
+    if missing:
+        names = [name.upper() if name != "pad" else name for name in missing]
+        names = " or ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+        raise ValueError(f"--tokenizer {folder} has no {names} token (minitx needs {PAD_TOKEN}, {BOS_TOKEN} and "
+                         f"{EOS_TOKEN}); use a tokenizer made by minitx train-tokenizer, or leave --tokenizer out "
+                         "to train one")
+
+
 def checked_texts(texts: Iterable[str], what: str = "the corpus", option: str | None = None) -> Iterator[str]:
     """Yield `texts`, raising a ValueError that names the first one UTF-8 cannot encode (a lone surrogate
     such as "\\ud800") and its position; the tokenizer itself would fail without saying where. ``option``: the

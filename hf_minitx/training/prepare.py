@@ -35,7 +35,7 @@ from ..data.corpus import (
     tokenize_and_pack,
 )
 from ..data.preprocessing import block_collator
-from ..data.tokenizer import MIN_VOCAB_SIZE, load_tokenizer, train_bpe_tokenizer
+from ..data.tokenizer import MIN_VOCAB_SIZE, check_training_tokenizer, load_tokenizer, train_bpe_tokenizer
 from ..device import keep_freed_memory, pick_device
 from ..folders import (
     PARTIAL_SUFFIX,
@@ -362,6 +362,8 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
         check_output_folder(plan.output_dir, flag="--overwrite_output_dir (or --resume_from_checkpoint latest to "
                             "continue a run)", overwrite=train_args.overwrite_output_dir, inputs=inputs,
                             any_flag="--overwrite_any_folder", overwrite_any=train_args.overwrite_any_folder)
+        if data_args.tokenizer:  # before the corpus is read (a resumed run's tokenizer is checked as an input)
+            check_training_tokenizer(data_args.tokenizer)
         return plan
     check_apart(plan.output_dir, inputs, option="--output_dir")
     if plan.output_dir.is_dir():

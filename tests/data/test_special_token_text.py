@@ -12,6 +12,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from hf_minitx import MiniTxConfig, MiniTxForCausalLM
@@ -175,6 +176,36 @@ def test_generate_feeds_a_prompt_holding_eos_as_text(old_folder, tmp_path, monke
     assert minitx(["generate", "--model", str(folder), "--prompt", prompt, "--max_new_tokens", "2"]) in (0, None)
     assert seen == [tokenizer(prompt)["input_ids"]] and not SPECIAL_IDS & set(seen[0])
     assert capsys.readouterr().out.startswith(prompt)
+
+
+def bpe_without_special_tokens(folder: Path) -> Path:
+    """A stock byte-level BPE folder that defines no special token at all."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=300,
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(folder)
+    return folder
+
+
+def test_train_with_a_tokenizer_without_eos_says_so_before_any_work(tmp_path, monkeypatch, capsys):
+    import hf_minitx.training.prepare as prepare
+
+    def never(*args, **kwargs):
+        raise AssertionError("the corpus was read before the tokenizer was checked")
+
+    monkeypatch.setattr(prepare, "load_corpus", never)
+    folder = bpe_without_special_tokens(tmp_path / "bpe")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(TEXTS))
+    out = tmp_path / "run"
+    assert minitx(["train", "--dataset", str(corpus), "--tokenizer", str(folder), "--output_dir", str(out),
+                   "--preset", "tiny", "--max_steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --tokenizer {folder} has no EOS, pad or BOS token (minitx needs <pad>, <bos> and <eos>); "
+                   "use a tokenizer made by minitx train-tokenizer, or leave --tokenizer out to train one"]
+    assert not out.exists()
 
 
 def test_a_model_trained_with_an_old_tokenizer_folder_saves_the_safe_one(old_folder, tmp_path):
