@@ -34,7 +34,8 @@ import shutil
 import socket
 import sys
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,8 @@ def unhidden(path: Path) -> Path:
 
     if path.name == LOCK_FILE:
         return path.parent
+    if path.name.startswith(".") and path.name.endswith(LOCK_FILE):  # a single file's lock, beside it
+        return path.with_name(path.name[1:-len(LOCK_FILE)])
     match = re.fullmatch(rf"\.(.+)(?:{re.escape(PARTIAL_SUFFIX)}|\.old)-\d+", path.name)
     return path.with_name(match.group(1)) if match else path
 
@@ -161,6 +164,14 @@ def output_path(path: str | Path, *, option: str = "--output_dir") -> Path:
     return folder
 
 
+def check_not_under_a_file(path: Path, *, option: str) -> None:
+    """Refuse an output path below a file (``afile/run``): the system would say a bare "Not a directory" about a
+    hidden working path; this names the file in the user's path."""
+    blocking = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise NotADirectoryError(f"{option} {path}: {blocking} is a file, not a folder; choose another {option}")
+
+
 def check_output_folder(
     path: str | Path, *, flag: str | None, overwrite: bool, option: str = "--output_dir",
     inputs: Iterable[tuple[str, str | Path]] = (), command: str | None = None, any_flag: str | None = None,
@@ -174,6 +185,7 @@ def check_output_folder(
     folder = output_path(path, option=option)
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"{option} {folder} is a file, not a folder; give a folder path")
+    check_not_under_a_file(Path(path), option=option)
     check_apart(folder, inputs, option=option)
     if folder.is_dir():
         check_not_locked(folder, option=option)
@@ -259,9 +271,9 @@ def check_inputs_outside(folder: Path, inputs: Iterable[tuple[str, str | Path]],
                 f"delete it; move that input out of {folder} or choose another {option}")
 
 
-# --- one writer per folder ----------------------------------------------------------------------------
+# --- one writer per output ---------------------------------------------------------------------------
 
-_held: dict[Path, int] = {}  # folder -> descriptor of the lock file this process holds
+_held: dict[Path, tuple[int, Path]] = {}  # output (resolved) -> descriptor and path of the lock this process holds
 
 
 def launch_id() -> str:
@@ -285,9 +297,12 @@ def _lock_owner(fd: int) -> dict[str, Any]:
     return owner if isinstance(owner, dict) else {}
 
 
-def describe_owner(owner: dict[str, Any]) -> str:
+def describe_owner(owner: dict[str, Any], lock: str = LOCK_FILE) -> str:
+    """Who holds a lock: the command, pid and host its lock file records (another process, when it records none)."""
+    if not owner.get("pid"):
+        return f"another process (lock {lock})"
     return (f"`minitx {owner.get('command', '?')}` (pid {owner.get('pid', '?')} on {owner.get('host', '?')}, "
-            f"lock {LOCK_FILE})")
+            f"lock {lock})")
 
 
 def lock_holder(folder: Path) -> dict[str, Any] | None:
@@ -310,12 +325,56 @@ def lock_holder(folder: Path) -> dict[str, Any] | None:
     return None
 
 
+def _busy(option: str, output: Path, owner: dict[str, Any], lock: str = LOCK_FILE) -> FolderRefused:
+    return FolderRefused(f"{option} {output} is being written by {describe_owner(owner, lock)}; wait for it to "
+                         f"finish or stop it, or choose another {option}")
+
+
 def check_not_locked(folder: Path, *, option: str = "--output_dir") -> None:
     """Refuse a folder whose lock another live process holds; reads only."""
     owner = lock_holder(folder)
     if owner is not None:
-        raise FolderRefused(f"{option} {folder} is being written by {describe_owner(owner)}; wait for "
-                            f"it to finish or stop it, or choose another {option}")
+        raise _busy(option, folder, owner)
+
+
+def lock_path(output: Path, *, single_file: bool = False) -> Path:
+    """Where the lock of an output lives: ``LOCK_FILE`` inside a folder, ``.NAME.minitx-lock`` beside a file."""
+    return output.with_name(f".{output.name}{LOCK_FILE}") if single_file else output / LOCK_FILE
+
+
+def _still_named(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the open file ``fd`` (its writer may have removed it before we locked it)."""
+    try:
+        named, held = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _take_lock(output: Path, lock: Path, *, command: str, option: str) -> None:
+    """Lock ``lock`` (created if missing) for this process as the writer of ``output``; see ``lock_folder``."""
+    key = output.resolve()
+    if key in _held:
+        return
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _lock_owner(fd)
+            os.close(fd)
+            raise _busy(option, output, owner, lock.name) from None
+        if _still_named(fd, lock):
+            break
+        os.close(fd)  # its writer finished and removed it between our open and our lock: lock the file there now
+    stale = _lock_owner(fd)
+    if stale:
+        print(f"note: {output} was locked by {describe_owner(stale, lock.name)}, which is no longer running; "
+              "taking it over", file=sys.stderr)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                              "launch": launch_id()}).encode(), 0)
+    _held[key] = (fd, lock.resolve())
 
 
 def lock_folder(folder: Path, *, command: str, option: str = "--output_dir") -> None:
@@ -323,34 +382,59 @@ def lock_folder(folder: Path, *, command: str, option: str = "--output_dir") -> 
 
     A lock held by a live process refuses; one left by a process that died (the kernel released it) is
     taken over with a note on stderr."""
-    key = folder.resolve()
-    if key in _held:
-        return
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = _lock_owner(fd)
-        os.close(fd)
-        raise FolderRefused(f"{option} {folder} is being written by {describe_owner(owner)}; wait for it to "
-                            f"finish or stop it, or choose another {option}") from None
-    stale = _lock_owner(fd)
-    if stale:
-        print(f"note: {folder} was locked by {describe_owner(stale)}, which is no longer running; taking it over",
-              file=sys.stderr)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-                              "launch": launch_id()}).encode(), 0)
-    _held[key] = fd
+    _take_lock(folder, folder / LOCK_FILE, command=command, option=option)
 
 
 def unlock_folder(folder: Path) -> None:
-    """Release (and remove) the lock this process holds on ``folder``; nothing when it holds none."""
-    fd = _held.pop(folder.resolve(), None)
-    if fd is not None:
-        (folder / LOCK_FILE).unlink(missing_ok=True)
-        os.close(fd)
+    """Release (and remove) the lock this process holds on ``folder`` (or on a single file); nothing when it holds
+    none."""
+    held = _held.pop(folder.resolve(), None)
+    if held is not None:
+        held[1].unlink(missing_ok=True)
+        os.close(held[0])
+
+
+@contextmanager
+def holding_lock(output: Path, *, command: str, option: str = "--output_dir", single_file: bool = False
+                 ) -> Iterator[Path]:
+    """Hold the lock of ``output`` (a folder, or a single file) for a whole write, as `train` holds its folder's:
+    a second writer is refused while this one lives. Folders made only to hold the lock are removed again when the
+    write left them empty (it failed). Inside an outer hold of the same output, the outer one goes on."""
+    if output.resolve() in _held:
+        yield output
+        return
+    where = output.parent if single_file else output
+    made = next((path for path in reversed((where, *where.parents)) if not path.exists()), None)
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        _take_lock(output, lock_path(output, single_file=single_file), command=command, option=option)
+        yield output
+    finally:
+        unlock_folder(output)
+        _remove_empty(where, made)
+
+
+def _remove_empty(folder: Path, made: Path | None) -> None:
+    """Remove ``folder`` and its parents up to ``made`` (the first one a command made) while they are empty."""
+    for path in (folder, *folder.parents) if made is not None else ():
+        if not path.is_dir() or any(path.iterdir()):
+            return
+        path.rmdir()
+        if path == made:
+            return
+
+
+@contextmanager
+def output_folder(path: str | Path, *, writer: str, option: str = "--output_dir", **checks: Any) -> Iterator[Path]:
+    """The one way a command writes a folder: ``check_output_folder`` (``checks`` are its options), then the
+    folder's lock for the whole write (``holding_lock``: taken before any work, as `train` takes it), and the checks
+    again under the lock, so that what another writer finished meanwhile is seen. Yields the resolved folder, to
+    be written with ``write_folder``."""
+    folder = check_output_folder(path, option=option, **checks)
+    with holding_lock(folder, command=writer, option=option):
+        check_output_folder(folder, option=option, **checks)
+        yield folder
 
 
 def check_marker(folder: Path) -> dict[str, Any] | None:
@@ -385,23 +469,54 @@ def replace_folder(folder: Path, *, command: str, run_id: str | None = None) -> 
     """Empty ``folder`` (create it if needed) and mark it as this command's run; returns the run id.
 
     Call only after every check passed. The folder is locked for this process first (a live writer
-    refuses); the old contents are renamed away, then deleted, so a crash never leaves a half-deleted mix
-    in ``folder``; the lock moves into the new folder with the same open file.
+    refuses); the old contents are swapped out (``_swap_in``), then deleted, so a crash never leaves a
+    half-deleted mix in ``folder``; the lock goes into the new folder with the same open file.
     """
     lock_folder(folder, command=command)
     if describe_contents(folder) and os.path.ismount(folder):  # a mount point cannot be renamed away: emptied
         _empty_in_place(folder, keep=(LOCK_FILE,))
     elif describe_contents(folder):
-        trash = folder.with_name(f".{folder.name}.old-{os.getpid()}")
         fresh = folder.with_name(f".{folder.name}.new-{os.getpid()}")
         fresh.mkdir()
-        os.replace(folder / LOCK_FILE, fresh / LOCK_FILE)
-        folder.rename(trash)
-        fresh.rename(folder)
-        shutil.rmtree(trash, ignore_errors=True)
+        shutil.rmtree(_swap_in(fresh, folder), ignore_errors=True)
     run_id = run_id or uuid.uuid4().hex[:12]
     write_marker(folder, command=command, run_id=run_id)
     return run_id
+
+
+def _swap_in(fresh: Path, folder: Path) -> Path | None:
+    """Put the complete folder ``fresh`` in place of ``folder``; returns where the old contents are now (to be
+    deleted), None when there was no ``folder``. The lock this process holds on ``folder`` gets a second name in
+    ``fresh`` first, so it stays held and named there. Both are exchanged in one step where the system can
+    (renameat2), so no other writer can find the path free in between; elsewhere by two renames."""
+    if not folder.exists():
+        fresh.rename(folder)
+        return None
+    if folder.resolve() in _held:
+        os.link(folder / LOCK_FILE, fresh / LOCK_FILE)
+    if _exchange(fresh, folder):
+        return fresh
+    old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    folder.rename(old)
+    fresh.rename(folder)
+    return old
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two paths atomically (Linux's renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_cwd, exchange = -100, 2  # AT_FDCWD, RENAME_EXCHANGE
+    if renameat2(at_cwd, os.fsencode(first), at_cwd, os.fsencode(second), exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # a file system or kernel without the exchange
+        return False
+    raise OSError(code, os.strerror(code), str(second))
 
 
 def _empty_in_place(folder: Path, keep: tuple[str, ...]) -> None:
@@ -422,7 +537,9 @@ def partial_sibling(path: Path) -> Path:
 
 
 def write_file(path: Path, fill: Callable[[Path], Any]) -> Path:
-    """``fill(tmp)`` writes a temporary sibling, which then replaces ``path`` in one rename."""
+    """``fill(tmp)`` writes a temporary sibling, which then replaces ``path`` in one rename; a symlink is written
+    through (the file it names is replaced, the link stays), as a linked output folder is."""
+    path = path.resolve() if path.is_symlink() else path
     tmp = partial_sibling(path)
     try:
         fill(tmp)
@@ -435,8 +552,9 @@ def write_file(path: Path, fill: Callable[[Path], Any]) -> Path:
 def write_folder(folder: Path, fill: Callable[[Path], Any]) -> Path:
     """``fill(tmp)`` writes a complete folder next to ``folder``, which then takes its place.
 
-    An existing ``folder`` (already checked by ``check_output_folder``) is renamed away just before and
-    deleted after, so at every moment ``folder`` is the old complete one, the new complete one, or absent.
+    An existing ``folder`` (already checked by ``check_output_folder``) is swapped out just before and deleted
+    after (``_swap_in``), so at every moment ``folder`` is the old complete one or the new complete one; the lock
+    this process holds on it stays held in the new one.
     """
     mount = folder.is_dir() and os.path.ismount(folder)  # cannot be renamed: written inside (a Docker volume)
     tmp = folder / f".{folder.name}{PARTIAL_SUFFIX}-{os.getpid()}" if mount else partial_sibling(folder)
@@ -448,11 +566,9 @@ def write_folder(folder: Path, fill: Callable[[Path], Any]) -> Path:
             _empty_in_place(folder, keep=(tmp.name, LOCK_FILE))
             move_files_into(tmp, folder)
             return folder
-        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
-        if folder.exists():
-            folder.rename(old)
-        tmp.rename(folder)
-        shutil.rmtree(old, ignore_errors=True)
+        old = _swap_in(tmp, folder)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except Exception as error:
         code = write_errno(error)
         if code is None:
@@ -485,13 +601,14 @@ def move_files_into(source: Path, folder: Path, *, last: str | None = None) -> N
 
 def check_output_file(path: str | Path, *, overwrite: bool, option: str, is_ours: Callable[[Path], bool]) -> Path:
     """Refuse a folder, a path under a file, or an existing file we did not write, unless ``overwrite``.
-    Returns the path (its missing parent folders are made when it is written)."""
-    out = Path(path)
+    Returns the path (its missing parent folders are made when it is written); a symlink is resolved to the file it
+    names, as a linked folder is, so that writing replaces that file and leaves the link in place."""
+    out = Path(path).expanduser()
+    if out.is_symlink():  # a link to an earlier page stays a link: the page it points to is replaced
+        out = out.resolve()
     if out.is_dir():
         raise IsADirectoryError(f"{option} {out} is a folder; give a file path")
-    blocking = next((parent for parent in out.parents if parent.exists() and not parent.is_dir()), None)
-    if blocking is not None:
-        raise NotADirectoryError(f"{option} {out} lies under {blocking}, which is a file; choose another path")
+    check_not_under_a_file(out, option=option)
     if out.exists() and not overwrite and not is_ours(out):
         raise FileExistsError(
             f"{option} {out} exists and was not written by minitx; pass --overwrite to replace it, or choose "

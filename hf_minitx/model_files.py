@@ -47,9 +47,20 @@ def refuse_interrupted_run(folder: Path) -> None:
                                 f"explore --model {folder} --run {folder}` shows its checkpoints meanwhile")
 
 
+def check_model_path(folder: Path) -> None:
+    """Refuse a model path that does not exist or is a file, saying so (rather than "no config.json")."""
+    if not folder.exists():
+        raise FileNotFoundError(f"{folder} does not exist; pass the folder of a saved model (the --output_dir of a "
+                                "training run)")
+    if not folder.is_dir():
+        raise NotADirectoryError(f"{folder} is a file, not a model folder; pass the folder of a saved model (the "
+                                 "--output_dir of a training run)")
+
+
 def read_folder_config(folder: Path) -> dict:
     """config.json of a MiniTx folder as a dict; anything else is refused with the reason and the fix."""
     path = folder / "config.json"
+    check_model_path(folder)
     if not path.is_file():
         refuse_interrupted_run(folder)
         raise FileNotFoundError(f"{folder} is not a model folder (no config.json); pass the --output_dir of a training run")

@@ -1,9 +1,12 @@
 """Shared test setup: offline Hugging Face, one torch thread, tiny model factories."""
 
+import fcntl
+import json
 import os
 import socket
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -157,3 +160,25 @@ def hold_lock(folder: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.stdout.readline().strip() == "LOCKED"
     return proc
+
+
+@contextmanager
+def another_writer(lock: Path, **owner):
+    """The lock file ``lock`` held as another live process would hold it (an OS lock on its own open file, which
+    this process's lock attempts meet as another writer's), with ``owner`` as its JSON."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, json.dumps(owner).encode())
+        yield lock
+    finally:
+        os.close(fd)
+
+
+def second_writer(argv: list[str]) -> subprocess.CompletedProcess:
+    """Run `minitx ARGV` as another process (while this one writes) and return what it did."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("HF_MINITX_TRACEBACK", None)
+    return subprocess.run([sys.executable, "-m", "hf_minitx", *argv], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)

@@ -81,7 +81,7 @@ def test_visualize_lists_its_pictures_and_refuses_unknown_ones(capsys):
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["generate.py", "--model", "no/such/folder", "--prompt", "hi"], "is not a model folder"),
+        (["generate.py", "--model", "no/such/folder", "--prompt", "hi"], "no/such/folder does not exist"),
         (["train.py", "--dataset", "builtin:pydocs", "--preset", "nope", "--output_dir", "x"], "unknown preset 'nope'"),
         (["-m", "hf_minitx", "experiment", "--compare", "colour", "a", "b", "--output_dir", "x"], "unknown field"),
     ],

@@ -1,15 +1,36 @@
 """write_folder (every command's output folder): a write that fails for lack of room or rights is said in one line
-and leaves the folder as it was; any other error passes through unchanged."""
+and leaves the folder as it was; any other error passes through unchanged. One writer per output: the lock is held
+for the whole write (``output_folder``, ``holding_lock``); an output below a file, and a linked file."""
 
 from __future__ import annotations
 
 import errno
+import fcntl
+import json
 import os
+from pathlib import Path
 
 import pytest
+from conftest import another_writer
 
+from hf_minitx import folders
+from hf_minitx.cli import main as minitx
 from hf_minitx.cli import run_cli
-from hf_minitx.folders import LOCK_FILE, write_errno, write_folder
+from hf_minitx.folders import (
+    LOCK_FILE,
+    RUN_MARKER,
+    FolderRefused,
+    check_output_file,
+    check_output_folder,
+    html_written_by_us,
+    lock_folder,
+    output_folder,
+    unlock_folder,
+    write_errno,
+    write_file,
+    write_folder,
+    write_marker,
+)
 
 
 class SafetensorError(Exception):
@@ -64,7 +85,8 @@ RAW = {  # an OSError straight from the system, naming one of our hidden working
 
 
 @pytest.mark.parametrize("hidden, named", [(".page.html.partial-4242", "page.html"), (".out.old-7", "out"),
-                                           (LOCK_FILE, ""), ("plain.txt", "plain.txt")])
+                                           (LOCK_FILE, ""), (".page.html.minitx-lock", "page.html"),
+                                           ("plain.txt", "plain.txt")])
 @pytest.mark.parametrize("case", RAW.values(), ids=RAW.keys())
 def test_a_raw_write_error_names_the_users_path_and_what_to_do(tmp_path, capsys, case, hidden, named):
     code, advice = case
@@ -85,3 +107,110 @@ def test_other_raw_errors_keep_their_own_words(tmp_path, capsys):
 
     assert run_cli(main) == 2
     assert capsys.readouterr().err.strip() == f"error: [Errno 2] No such file or directory: '{tmp_path / 'gone.txt'}'"
+
+
+# --- one writer per output, and paths under a file ---------------------------------------------------------
+
+
+def test_an_output_below_a_file_names_the_file_in_the_users_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("afile").write_text("mine")
+    with pytest.raises(NotADirectoryError, match="^--output_dir afile/run: afile is a file, not a folder; choose "
+                                                 "another --output_dir$"):
+        check_output_folder("afile/run", flag=None, overwrite=False)
+    with pytest.raises(NotADirectoryError, match="^--out afile/sub/page.html: afile is a file, not a folder"):
+        check_output_file("afile/sub/page.html", overwrite=False, option="--out", is_ours=html_written_by_us)
+    for argv, option in ((["train-tokenizer", "--output_dir", "afile/run"], "--output_dir"),
+                         (["push", "--model_dir", "nowhere", "--dry_run", "afile/run"], "--dry_run")):
+        assert minitx(argv) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: {option} afile/run: afile is a file, not a folder; choose another {option}\n", err
+    assert sorted(os.listdir()) == ["afile"] and Path("afile").read_text() == "mine"
+
+
+def test_a_second_writer_is_refused_naming_the_first_and_nothing_is_written(tmp_path):
+    folder = tmp_path / "out"
+    with another_writer(folder / LOCK_FILE, pid=4242, host="box", command="export"):
+        with pytest.raises(FolderRefused) as refused:
+            with output_folder(folder, writer="train-tokenizer", flag="--overwrite", overwrite=False):
+                raise AssertionError("not reached")
+        assert str(refused.value) == (f"--output_dir {folder} is being written by `minitx export` (pid 4242 on box, "
+                                      f"lock {LOCK_FILE}); wait for it to finish or stop it, or choose another "
+                                      "--output_dir")
+        assert os.listdir(folder) == [LOCK_FILE]
+    with another_writer(folder / LOCK_FILE):  # a lock that records nobody
+        with pytest.raises(FolderRefused, match=f"is being written by another process \\(lock {LOCK_FILE}\\)"):
+            lock_folder(folder, command="export")
+
+
+def test_the_lock_is_held_through_the_write_and_released_after(tmp_path):
+    folder = tmp_path / "new" / "out"
+    with output_folder(folder, writer="export", flag="--overwrite", overwrite=False) as claimed:
+        write_folder(claimed, lambda fresh: (fresh / "model.safetensors").write_text("complete"))
+        with pytest.raises(BlockingIOError):  # after the new folder took the old one's place: still held there
+            with another_writer(folder / LOCK_FILE):
+                pass
+        assert json.loads((folder / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert sorted(os.listdir(folder)) == ["model.safetensors"]  # the lock is gone with the writer
+    with output_folder(folder, writer="export", flag="--overwrite", overwrite=True, command=None) as claimed:
+        write_folder(claimed, lambda fresh: (fresh / "model.safetensors").write_text("replaced"))
+        assert sorted(os.listdir(folder)) == [LOCK_FILE, "model.safetensors"]
+    assert (folder / "model.safetensors").read_text() == "replaced" and sorted(os.listdir(tmp_path / "new")) == ["out"]
+
+
+def test_a_write_that_fails_removes_the_folders_made_for_its_lock(tmp_path):
+    (tmp_path / "kept").mkdir()
+    for folder in (tmp_path / "a" / "b" / "out", tmp_path / "kept"):
+        with pytest.raises(ValueError, match="a bug"):
+            with output_folder(folder, writer="export", flag=None, overwrite=False):
+                raise ValueError("a bug")
+    assert sorted(os.listdir(tmp_path)) == ["kept"] and os.listdir(tmp_path / "kept") == []
+
+
+def test_what_another_writer_finished_before_the_lock_was_taken_is_seen(tmp_path, monkeypatch):
+    folder, checks, check = tmp_path / "out", [], folders.check_output_folder
+
+    def check_then_the_other_writer_finishes(*args, **kwargs):
+        checks.append(check(*args, **kwargs))
+        if len(checks) == 1:  # between our first check and our lock, another command filled the folder
+            folder.mkdir()
+            write_marker(folder, command="export", run_id="qwen3")
+        return checks[-1]
+
+    monkeypatch.setattr(folders, "check_output_folder", check_then_the_other_writer_finishes)
+    with pytest.raises(FolderRefused, match="already holds a run of `minitx export`"):
+        with output_folder(folder, writer="export", flag="--overwrite", overwrite=False):
+            raise AssertionError("not reached")
+    assert os.listdir(folder) == [RUN_MARKER]
+
+
+def test_a_lock_file_its_writer_removed_before_it_was_locked_is_not_taken(tmp_path, monkeypatch):
+    """The writer that held it finished (unlink, then close) between our open and our lock: the file we opened is
+    no longer the lock, so the one now at its path is locked instead."""
+    folder, flock, calls = tmp_path / "out", fcntl.flock, []
+
+    def finishing_writer(fd, operation):
+        calls.append(fd)
+        if len(calls) == 1:
+            (folder / LOCK_FILE).unlink()
+        return flock(fd, operation)
+
+    monkeypatch.setattr(folders.fcntl, "flock", finishing_writer)
+    lock_folder(folder, command="export")
+    try:
+        assert len(calls) == 2 and folders._held[folder.resolve()][1] == folder / LOCK_FILE
+        assert json.loads((folder / LOCK_FILE).read_text())["pid"] == os.getpid()
+    finally:
+        unlock_folder(folder)
+
+
+def test_a_linked_file_is_written_through_and_stays_a_link(tmp_path):
+    page, link = tmp_path / "pages" / "page.html", tmp_path / "link.html"
+    page.parent.mkdir()
+    page.write_text("old")
+    link.symlink_to(page)
+    out = check_output_file(link, overwrite=True, option="--out", is_ours=html_written_by_us)
+    assert out == page.resolve()
+    write_file(link, lambda tmp: tmp.write_text("new"))
+    assert link.is_symlink() and link.resolve() == page.resolve() and page.read_text() == "new"
+    assert sorted(os.listdir(page.parent)) == ["page.html"] and sorted(os.listdir(tmp_path)) == ["link.html", "pages"]

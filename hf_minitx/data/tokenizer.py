@@ -23,7 +23,7 @@ from typing import Literal
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from ..folders import check_output_folder, write_folder, write_marker
+from ..folders import output_folder, write_folder, write_marker
 
 logger = logging.getLogger(__name__)
 
@@ -240,19 +240,10 @@ def _save_marked(tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
     write_marker(folder, command="train-tokenizer", run_id=uuid.uuid4().hex[:12])
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
-    """`minitx train-tokenizer`: train and save the tokenizer; returns the output folder."""
-    from ..cli import parse_arguments
-    from .corpus import TooSmallToSplit, corpus_task, iter_training_texts, load_corpus, local_inputs
+def _train_and_save(args: TokenizerArguments, output_dir: Path) -> str:
+    """Read the corpus, train the tokenizer and write it into ``output_dir``; returns the line that says so."""
+    from .corpus import TooSmallToSplit, corpus_task, iter_training_texts, load_corpus
 
-    (args,) = parse_arguments([TokenizerArguments], argv, prog="minitx train-tokenizer", description=(
-        "Train hf_minitx's byte-level BPE on a corpus and save it as a stock transformers tokenizer folder "
-        "(loads with AutoTokenizer.from_pretrained, no custom code)."))
-    check_tokenizer_arguments(args)
-    output_dir = check_output_folder(args.output_dir, flag="--overwrite", overwrite=args.overwrite,
-                                     inputs=[("--dataset", path) for path in local_inputs(args.dataset)],
-                                     command="train-tokenizer", any_flag="--overwrite_any_folder",
-                                     overwrite_any=args.overwrite_any_folder)
     task = args.task or corpus_task(args.dataset) or (
         "seq2seq" if args.source_column or args.target_column else "causal-lm"
     )
@@ -271,6 +262,21 @@ def main(argv: Sequence[str] | None = None) -> Path:
         add_eos_token=task == "seq2seq",  # seq2seq sources end with EOS, as training encodes them
     )
     write_folder(output_dir, lambda folder: _save_marked(tokenizer, folder))
-    print(f"trained a {len(tokenizer)}-token BPE on {args.dataset} ({task}) in "
-          f"{time.perf_counter() - start:.1f}s; saved to {output_dir}")
+    return (f"trained a {len(tokenizer)}-token BPE on {args.dataset} ({task}) in {time.perf_counter() - start:.1f}s; "
+            f"saved to {output_dir}")
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+    """`minitx train-tokenizer`: train and save the tokenizer; returns the output folder."""
+    from ..cli import parse_arguments
+    from .corpus import local_inputs
+
+    (args,) = parse_arguments([TokenizerArguments], argv, prog="minitx train-tokenizer", description=(
+        "Train hf_minitx's byte-level BPE on a corpus and save it as a stock transformers tokenizer folder "
+        "(loads with AutoTokenizer.from_pretrained, no custom code)."))
+    check_tokenizer_arguments(args)
+    with output_folder(args.output_dir, writer="train-tokenizer", flag="--overwrite", overwrite=args.overwrite,
+                       inputs=[("--dataset", path) for path in local_inputs(args.dataset)], command="train-tokenizer",
+                       any_flag="--overwrite_any_folder", overwrite_any=args.overwrite_any_folder) as output_dir:
+        print(_train_and_save(args, output_dir))  # the folder's lock is held from before the corpus is read
     return output_dir

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedModel
 
-from ..folders import check_output_folder, write_folder, write_marker
+from ..folders import output_folder, write_folder, write_marker
 
 STOCK_TARGETS = ("qwen3", "llama", "gpt2")
 TARGETS = (*STOCK_TARGETS, "gguf")
@@ -277,6 +277,17 @@ def _saver(model: PreTrainedModel, tokenizer, source: str, args: ExportArguments
     return save
 
 
+def refuse_quantized(model: PreTrainedModel, source: str) -> None:
+    """An export writes full-precision weights: a folder of quantized weights is refused, naming its method."""
+    quantized = getattr(model.config, "quantization_config", None)
+    if quantized is not None:
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else getattr(quantized, "quant_method", "")
+        method = getattr(method, "value", method)  # transformers' QuantizationMethod enum, or its string
+        raise ExportRefused(f"{source} holds quantized weights ({method}): an export writes full-precision "
+                            "weights; export the folder the quantized model was made from (a GGUF export can be "
+                            "quantized with --gguf_type)")
+
+
 def main(argv: Sequence[str] | None = None) -> Path:
     """`minitx export`: write the export of `--model` into `--output_dir`; returns the folder."""
     from ..cli import parse_arguments
@@ -286,16 +297,10 @@ def main(argv: Sequence[str] | None = None) -> Path:
         "Export a decoder-only hf_minitx model to a stock transformers architecture (loads without "
         "trust_remote_code) or to a GGUF file (llama.cpp, Ollama)."))
     check_export_arguments(args)
-    output_dir = check_output_folder(args.output_dir, flag="--overwrite", overwrite=args.overwrite,
-                                     inputs=[("--model", args.model)], command="export")
-    model, tokenizer = load_model_folder(args.model, device="cpu", dtype=torch.float32)
-    quantized = getattr(model.config, "quantization_config", None)
-    if quantized is not None:
-        method = quantized.get("quant_method") if isinstance(quantized, dict) else getattr(quantized, "quant_method", "")
-        method = getattr(method, "value", method)  # transformers' QuantizationMethod enum, or its string
-        raise ExportRefused(f"{args.model} holds quantized weights ({method}): an export writes full-precision "
-                            "weights; export the folder the quantized model was made from (a GGUF export can be "
-                            "quantized with --gguf_type)")
-    write_folder(output_dir, _saver(model, tokenizer, args.model, args))
+    with output_folder(args.output_dir, writer="export", flag="--overwrite", overwrite=args.overwrite,
+                       inputs=[("--model", args.model)], command="export") as output_dir:  # held to the end
+        model, tokenizer = load_model_folder(args.model, device="cpu", dtype=torch.float32)
+        refuse_quantized(model, args.model)
+        write_folder(output_dir, _saver(model, tokenizer, args.model, args))
     print(f"exported {args.model} ({args.to}) to {output_dir}")
     return output_dir

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..model_files import (
     WEIGHTS_FILE,
     ModelFolderError,
+    check_model_path,
     count_parameters,
     read_safetensors_header,
     refuse_interrupted_run,
@@ -174,8 +175,7 @@ def verify_model_folder(model_dir: str | Path, kind: str | None = None) -> Model
     listing every missing or broken file; returns what was found otherwise.
     """
     folder = Path(model_dir)
-    if not folder.is_dir():
-        raise ModelFolderError(f"{folder} is not a directory; pass the folder that model.save_pretrained wrote.")
+    check_model_path(folder)
     refuse_interrupted_run(folder)
     problems: list[str] = []
     config, found_kind = _check_config(folder, kind, problems)

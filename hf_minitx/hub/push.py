@@ -23,7 +23,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..folders import check_output_folder, html_written_by_us, weights_digest, write_folder
+from ..folders import (
+    WRITE_ERRNOS,
+    html_written_by_us,
+    output_folder,
+    weights_digest,
+    write_advice,
+    write_errno,
+    write_folder,
+)
 from .card import EXPLORER_FILE, check_model_card, render_model_card, write_model_card
 from .folder import ModelFolderError, ModelFolderInfo, verify_model_folder
 
@@ -123,8 +131,8 @@ def stage_for_upload(
     staging = Path(staging_dir)
     if staging.resolve() == info.path.resolve():
         raise ValueError("the staging folder must differ from the model folder.")
-    check_output_folder(staging, flag=None, overwrite=False, option="staging folder")
-    return write_folder(staging, lambda folder: _stage(info, folder, repo_id=repo_id, license=license, explorer=page))
+    with output_folder(staging, writer="push", flag=None, overwrite=False, option="staging folder") as folder:
+        return write_folder(folder, lambda fresh: _stage(info, fresh, repo_id=repo_id, license=license, explorer=page))
 
 
 EXPLORER_DATA = re.compile(r'<script type="application/json" id="explorer-data">(.*?)</script>', re.S)
@@ -187,27 +195,70 @@ def check_loads_without_package(
     folder = Path(folder).resolve()
     script = (Path(__file__).parent / "remote_check.py").read_text(encoding="utf-8")
     prompt = prompt if prompt is not None else _default_prompt(folder)
-    with tempfile.TemporaryDirectory(prefix="minitx-remote-check-") as workdir:
-        env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-        env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(Path(workdir) / "modules"), TOKENIZERS_PARALLELISM="false")
-        try:
+    try:
+        with tempfile.TemporaryDirectory(prefix="minitx-remote-check-") as workdir:
+            env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+            env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(Path(workdir) / "modules"),
+                       TOKENIZERS_PARALLELISM="false")
             completed = subprocess.run(
                 [sys.executable, "-c", script, str(folder), prompt, str(max_new_tokens)],
                 cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout,
             )
-        except subprocess.TimeoutExpired:
-            raise HubError(f"loading {folder} without hf_minitx took longer than {timeout:.0f} s; "
-                           "try a smaller max_new_tokens or check the machine's load.") from None
+    except subprocess.TimeoutExpired:
+        raise HubError(f"loading {folder} without hf_minitx took longer than {timeout:.0f} s; "
+                       "try a smaller max_new_tokens or check the machine's load.") from None
+    except OSError as error:  # the temporary folder could not be made (or emptied): a full or read-only TMPDIR
+        if write_errno(error) is None:
+            raise
+        raise _no_room_for_check(folder, write_errno(error)) from None
     lines = [line for line in completed.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if completed.returncode != 0 or not lines:
-        raise HubError(f"{folder} does not load without hf_minitx installed (exit code {completed.returncode}):\n"
-                       f"{completed.stderr.strip()[-3000:]}")
+        raise child_failure(folder, completed.stderr, completed.returncode)
     data = json.loads(lines[-1][len(RESULT_PREFIX):])
     if not data.pop("hf_minitx_blocked"):
         raise HubError("the isolation check could import hf_minitx, so it proves nothing; please report this.")
     if data["model_class"].split(".")[0] != "transformers_modules":
         raise HubError(f"{folder} loaded {data['model_class']}, not the code stored in the folder.")
     return RemoteLoadResult(**data)
+
+
+def _no_room_for_check(folder: Path, code: int) -> HubError:
+    """The clean-environment check could not write its temporary files (the folder itself was staged)."""
+    where = Path(tempfile.gettempdir())
+    return HubError(f"the loading check of {folder} could not write in the temporary folder {where} "
+                    f"({os.strerror(code)}), so it could not run; {write_advice(code, where)} (or set TMPDIR to "
+                    "a folder with room)")
+
+
+def _syntax_error_in(folder: Path) -> str:
+    """" (in FILE, line N)" for the first code file of ``folder`` that does not parse (transformers parses the code
+    files without naming them), else ""."""
+    for path in sorted(folder.glob("*.py")):
+        try:
+            compile(path.read_bytes(), path.name, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as error:
+            return f" (in {path.name}, line {getattr(error, 'lineno', '?')})"
+    return ""
+
+
+def child_failure(folder: Path, stderr: str, returncode: int) -> HubError:
+    """Why the clean-environment check failed, in one line: the child's last error (type and message) and the
+    file and line of the folder's code it came from; a write that failed for lack of room or rights is said as
+    such. The whole traceback follows when HF_MINITX_TRACEBACK is set."""
+    lines = stderr.rstrip().splitlines()
+    frames = [index for index, line in enumerate(lines) if line.startswith('  File "')]
+    after = lines[frames[-1] + 1:] if frames else lines
+    error = next((line.strip() for line in after if line and not line[0].isspace()), None)
+    error = error or (lines[-1].strip() if lines else f"exit code {returncode}, no error output")
+    found = re.search(r"\[Errno (\d+)\]|\(os error (\d+)\)", error)  # an OSError, or a Rust library's
+    if found and int(found.group(1) or found.group(2)) in WRITE_ERRNOS:
+        return _no_room_for_check(folder, int(found.group(1) or found.group(2)))
+    own = [re.match(r'  File "(.+)", line (\d+)', lines[index]) for index in frames]
+    own = [match for match in own if match and "transformers_modules" in match.group(1)]
+    where = f" (in {Path(own[-1].group(1)).name}, line {own[-1].group(2)})" if own else _syntax_error_in(folder)
+    full = f":\n{stderr.rstrip()}" if os.environ.get("HF_MINITX_TRACEBACK") else (
+        "; set HF_MINITX_TRACEBACK=1 to see the whole traceback")
+    return HubError(f"{folder} does not load without hf_minitx installed: {error}{where}{full}")
 
 
 def dry_run(
@@ -219,13 +270,15 @@ def dry_run(
     max_new_tokens: int = 8,
     explorer: str | Path | None = None,
 ) -> tuple[Path, RemoteLoadResult]:
-    """Stage the upload into `staging_dir` and prove the staged folder loads and generates without hf_minitx."""
+    """Stage the upload into `staging_dir` and prove the staged folder loads and generates without hf_minitx; the
+    folder's lock is held from the first check to the end of the loading check."""
     if repo_id is not None:
         check_repo_id(repo_id)
     if prompt is not None and not prompt.strip():
         raise ValueError("--prompt is empty; give a few words for the generation check, or leave --prompt out")
-    staging = stage_for_upload(model_dir, staging_dir, repo_id=repo_id, explorer=explorer)
-    return staging, check_loads_without_package(staging, prompt=prompt, max_new_tokens=max_new_tokens)
+    with output_folder(staging_dir, writer="push", flag=None, overwrite=False, option="--dry_run") as folder:
+        staging = stage_for_upload(model_dir, folder, repo_id=repo_id, explorer=explorer)  # lock held to the end
+        return staging, check_loads_without_package(staging, prompt=prompt, max_new_tokens=max_new_tokens)
 
 
 def push_to_hub(

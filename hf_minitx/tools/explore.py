@@ -34,7 +34,15 @@ import torch
 from safetensors.torch import load_file
 
 from ..data.tokenizer import load_tokenizer
-from ..folders import HTML_TAG, check_output_file, html_written_by_us, read_marker, weights_digest, write_file
+from ..folders import (
+    HTML_TAG,
+    check_output_file,
+    holding_lock,
+    html_written_by_us,
+    read_marker,
+    weights_digest,
+    write_file,
+)
 from ..inference import NON_FINITE_OUTPUTS, check_finite_weights, load_model_folder
 from ..model_files import is_interrupted_run, read_safetensors_header
 from ..models import MiniTxConfig
@@ -429,8 +437,9 @@ def main(argv: Sequence[str] | None = None) -> Path:
     if not args.out.lower().endswith((".html", ".htm")):
         raise ValueError(f"--out must name an .html file, got {args.out}")
     out = check_output_file(args.out, overwrite=args.overwrite, option="--out", is_ours=html_written_by_us)
-    path = write_explorer(args.model, args.text, out, target=args.target, run=args.run, top_k=args.top_k,
-                          max_checkpoints=args.max_checkpoints)
+    with holding_lock(out, command="explore", option="--out", single_file=True):  # one writer, to the end
+        path = write_explorer(args.model, args.text, out, target=args.target, run=args.run, top_k=args.top_k,
+                              max_checkpoints=args.max_checkpoints)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
     return path
 

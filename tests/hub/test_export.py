@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import another_writer, second_writer
 
 from hf_minitx import MiniTxConfig, MiniTxForCausalLM
 from hf_minitx.cli import main as cli_main
 from hf_minitx.data.tokenizer import train_bpe_tokenizer
+from hf_minitx.folders import LOCK_FILE
 from hf_minitx.hub.export import ExportRefused, main, mapping_problems
 
 TEXTS = ["In the beginning was the word, and the word was with the tokenizer."] * 40
@@ -174,6 +177,47 @@ def test_export_refuses_to_overwrite_unasked(exported, tmp_path):
 def test_bad_target_is_refused_before_reading(tmp_path, capsys):
     assert cli_main(["export", "--model", str(tmp_path), "--to", "mistral", "--output_dir", str(tmp_path / "o")]) == 2
     assert "--to 'mistral' is not a target" in capsys.readouterr().err
+
+
+# --- one writer per folder ------------------------------------------------------------------------------------
+
+
+def test_an_export_into_a_folder_another_process_writes_is_refused_and_writes_nothing(tmp_path, tokenizer, capsys):
+    save_source(tmp_path / "src", tokenizer, **ROTARY)
+    out = tmp_path / "out"
+    capsys.readouterr()  # what saving the source printed
+    with another_writer(out / LOCK_FILE, pid=4242, host="box", command="export"):
+        for target in ("qwen3", "gguf"):
+            assert cli_main(["export", "--model", str(tmp_path / "src"), "--to", target, "--output_dir", str(out)]) == 2
+            err = capsys.readouterr().err
+            assert err == (f"error: --output_dir {out} is being written by `minitx export` (pid 4242 on box, lock "
+                           f"{LOCK_FILE}); wait for it to finish or stop it, or choose another --output_dir\n"), err
+            assert os.listdir(out) == [LOCK_FILE] and sorted(os.listdir(tmp_path)) == ["out", "src"]
+
+
+@pytest.mark.slow
+def test_two_exports_into_one_folder_one_is_refused_and_the_folder_holds_the_winners(tmp_path, tokenizer,
+                                                                                     monkeypatch):
+    """`--to gguf` writes; while it does, `--to qwen3` into the same folder runs in another process."""
+    pytest.importorskip("gguf")
+    from hf_minitx.hub import gguf_export
+
+    save_source(tmp_path / "src", tokenizer, **ROTARY, qk_norm=True, attention_bias=False)
+    out, write_gguf, second = tmp_path / "out", gguf_export.write_gguf, []
+
+    def write_while_another_starts(*args, **kwargs):
+        second.append(second_writer(["export", "--model", str(tmp_path / "src"), "--to", "qwen3", "--output_dir",
+                                     str(out)]))
+        return write_gguf(*args, **kwargs)
+
+    monkeypatch.setattr(gguf_export, "write_gguf", write_while_another_starts)
+    main(["--model", str(tmp_path / "src"), "--to", "gguf", "--output_dir", str(out)])
+    assert second[0].returncode == 2 and second[0].stdout == "", second[0].stderr
+    assert second[0].stderr == (f"error: --output_dir {out} is being written by `minitx export` (pid {os.getpid()} "
+                                f"on {socket.gethostname()}, lock {LOCK_FILE}); wait for it to finish or stop it, or "
+                                "choose another --output_dir\n")
+    assert sorted(os.listdir(out)) == [".minitx-run.json", "README.md", "generation_config.json", "model-f32.gguf"]
+    assert sorted(os.listdir(tmp_path)) == ["out", "src"]
 
 
 # --- GGUF --------------------------------------------------------------------------------------------------

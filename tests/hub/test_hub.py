@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import huggingface_hub
@@ -26,6 +28,7 @@ from hf_minitx.hub.push import (
     check_loads_without_package,
     check_model_card,
     check_repo_id,
+    child_failure,
     dry_run,
     push_to_hub,
     render_model_card,
@@ -208,8 +211,10 @@ def test_verify_names_everything_missing_from_a_non_model_folder(tmp_path):
     assert "\n" not in message and ":;" not in message
     for name in ("model.safetensors", "tokenizer.json"):
         assert f"; {name}" in message
-    with pytest.raises(ModelFolderError, match="is not a directory"):
+    with pytest.raises(NotADirectoryError, match="notes.txt is a file, not a model folder"):
         verify_model_folder(tmp_path / "notes.txt")
+    with pytest.raises(FileNotFoundError, match="missing does not exist; pass the folder of a saved model"):
+        verify_model_folder(tmp_path / "missing")
 
 
 def test_push_of_an_interrupted_run_says_how_to_finish_it(tmp_path, capsys):
@@ -526,11 +531,50 @@ def test_cli_dry_run_seq2seq_folder_loads_and_generates_without_hf_minitx(folder
 
 
 @pytest.mark.slow
-def test_package_free_check_reports_a_folder_that_cannot_load(folders, tmp_path):
+def test_package_free_check_reports_a_folder_that_cannot_load(folders, tmp_path, monkeypatch):
+    """The child's last error, with the file and line of the folder's code, in one line; the whole traceback
+    with HF_MINITX_TRACEBACK=1."""
     staging = stage_for_upload(folders["causal-lm"], tmp_path / "stage")
-    (staging / "layers_minitx.py").write_text("raise ImportError('broken layer code')\n")
-    with pytest.raises(HubError, match="does not load without hf_minitx installed"):
+    (staging / "layers_minitx.py").write_text("import torch\n\nraise ImportError('broken layer code')\n")
+    monkeypatch.setenv("HF_MINITX_TRACEBACK", "1")
+    with pytest.raises(HubError) as failed:
         check_loads_without_package(staging)
+    head, traceback = str(failed.value).split(":\n", 1)
+    assert head == (f"{staging.resolve()} does not load without hf_minitx installed: ImportError: broken layer code "
+                    "(in layers_minitx.py, line 3)")
+    assert "Traceback (most recent call last):" in traceback and len(traceback.splitlines()) > 10
+    monkeypatch.delenv("HF_MINITX_TRACEBACK")
+    assert str(child_failure(staging.resolve(), traceback, 1)) == f"{head}; set HF_MINITX_TRACEBACK=1 to see the whole traceback"
+
+
+FULL_DISK = """
+with open("/dev/full", "w") as handle:  # every write fails as on a full disk
+    handle.write("x" * 10)
+"""
+
+
+def test_a_full_temporary_folder_is_said_as_such_not_as_a_folder_that_cannot_load(tmp_path, monkeypatch):
+    run = subprocess.run
+
+    def child_on_a_full_disk(command, **kwargs):  # the check's own child, its writes failing as on a full disk
+        return run([sys.executable, "-c", FULL_DISK], **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", child_on_a_full_disk)
+    with pytest.raises(HubError) as failed:
+        check_loads_without_package(tmp_path)
+    message, where = str(failed.value), tempfile.gettempdir()
+    assert message.startswith(f"the loading check of {tmp_path} could not write in the temporary folder {where} (No "
+                              "space left on device), so it could not run; ")
+    assert "MiB free there" in message and "TMPDIR" in message and "\n" not in message
+    assert "does not load" not in message and "Traceback" not in message
+
+    def full_temporary_folder(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{where}/minitx-remote-check-x")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", full_temporary_folder)
+    with pytest.raises(HubError) as failed:
+        check_loads_without_package(tmp_path)
+    assert str(failed.value) == message
 
 
 CLEAN_LOAD = """
@@ -615,3 +659,30 @@ def test_the_card_of_a_run_that_ended_at_chance_carries_its_warning(causal_copy)
     assert card.index("> **Warning:**") < card.index("| Metric | Value |")
     _write_records(causal_copy, "causal-lm", CAUSAL_METRICS)
     assert "Warning" not in render_model_card(causal_copy)
+
+
+def test_a_code_file_that_does_not_parse_is_named_with_its_line(tmp_path):
+    """transformers parses the folder's code without naming the file ("<unknown>"): the check names it."""
+    (tmp_path / "configuration_minitx.py").write_text("x = 1\n")
+    (tmp_path / "modeling_minitx.py").write_text("import torch\n\ndef broken(:\n    pass\n")
+    stderr = ('Traceback (most recent call last):\n  File "/x/dynamic_module_utils.py", line 225, in get_imports\n'
+              '    tree = ast.parse(content)\n  File "<unknown>", line 3\n    def broken(:\n               ^\n'
+              "SyntaxError: invalid syntax\n")
+    assert str(child_failure(tmp_path, stderr, 1)) == (
+        f"{tmp_path} does not load without hf_minitx installed: SyntaxError: invalid syntax (in modeling_minitx.py, "
+        "line 3); set HF_MINITX_TRACEBACK=1 to see the whole traceback")
+
+
+@pytest.mark.parametrize("command", [
+    ["export", "--to", "qwen3", "--output_dir", "out", "--model"], ["push", "--dry_run", "out", "--model_dir"],
+    ["generate", "--prompt", "hi", "--model"], ["explore", "--text", "hi", "--out", "page.html", "--model"]],
+    ids=lambda argv: argv[0])
+def test_a_model_path_that_does_not_exist_or_is_a_file_is_said_so(tmp_path, monkeypatch, capsys, command):
+    monkeypatch.chdir(tmp_path)
+    Path("notes.txt").write_text("mine")
+    for model, said in (("nonexist", "nonexist does not exist; pass the folder of a saved model"),
+                        ("notes.txt", "notes.txt is a file, not a model folder; pass the folder of a saved model")):
+        assert minitx([*command, model]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {said}") and err.count("\n") == 1, err
+    assert os.listdir() == ["notes.txt"]

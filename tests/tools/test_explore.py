@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_causal, tiny_config, tiny_seq2seq
+from conftest import another_writer, tiny_causal, tiny_config, tiny_seq2seq
 from safetensors.torch import load_file
 
 from hf_minitx.cli import main as minitx
-from hf_minitx.folders import html_written_by_us, read_marker, write_marker
+from hf_minitx.folders import HTML_TAG, LOCK_FILE, html_written_by_us, read_marker, write_marker
 from hf_minitx.tools import explore
 
 TEXT = "5 9 7 4 12 6 15 8 3 11"
@@ -254,14 +254,14 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
     elif case == "out-under-a-file":
         (tmp_path / "notes.txt").write_text("mine")
         out = tmp_path / "notes.txt" / "sub" / "page.html"
-        argv[6], expected = str(out), "which is a file; choose another path"
+        argv[6], expected = str(out), f"{tmp_path / 'notes.txt'} is a file, not a folder; choose another --out"
     elif case == "empty-text":
         argv[4], expected = "", "The text to inspect is empty"
     elif case == "run-not-a-folder":
         argv += ["--run", str(tmp_path / "missing-run")]
         expected = "missing-run is not a folder"
     elif case == "no-model-folder":
-        argv[2], expected = str(tmp_path / "missing-model"), "is not a model folder"
+        argv[2], expected = str(tmp_path / "missing-model"), "missing-model does not exist; pass the folder of a saved"
     elif case == "another-runs-history":  # same shapes, another run: its checkpoints would mix in silently
         other = tmp_path / "other"
         _checkpoint(other, 5, tiny_causal())
@@ -321,6 +321,31 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and expected in err, err
     assert not out.parent.exists() and not (tmp_path / "out").exists()
+
+
+def test_a_linked_page_is_rewritten_through_its_link_which_stays(causal_run, tmp_path, capsys):
+    pages, link = tmp_path / "pages", tmp_path / "link.html"
+    assert minitx(["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(pages / "page.html")]) == 0
+    link.symlink_to(pages / "page.html")
+    assert minitx(["explore", "--model", str(causal_run), "--text", "5 6 7", "--out", str(link)]) == 0
+    assert link.is_symlink() and link.resolve() == (pages / "page.html").resolve()
+    assert ": 5 6 7</title>" in (pages / "page.html").read_text() and sorted(p.name for p in pages.iterdir()) == [
+        "page.html"]
+
+
+def test_a_page_another_process_writes_is_refused_and_kept(causal_run, tmp_path, capsys):
+    out = tmp_path / "page.html"
+    out.write_text(f"<html><head>{HTML_TAG}</head>the first page</html>")
+    lock = tmp_path / f".page.html{LOCK_FILE}"
+    with another_writer(lock, pid=4242, host="box", command="explore"):
+        assert minitx(["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: --out {out} is being written by `minitx explore` (pid 4242 on box, lock "
+                                       f".page.html{LOCK_FILE}); wait for it to finish or stop it, or choose another "
+                                       "--out\n")
+    assert "the first page" in out.read_text()
+    lock.unlink()
+    assert minitx(["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["page.html", "run"]
 
 
 def test_a_file_minitx_did_not_write_is_kept(causal_run, tmp_path, capsys):

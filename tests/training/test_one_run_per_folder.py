@@ -8,13 +8,14 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import HOLD, REPO, hold_lock
+from conftest import HOLD, REPO, another_writer, hold_lock, second_writer
 from test_safety import has_a_train_record, run_hooked, snapshot
 from test_train import causal_args, text_file  # noqa: F401  (text_file is a fixture)
 
@@ -297,3 +298,33 @@ def test_an_output_folder_on_a_mount_point_is_written_inside(mount_point, tmp_pa
         assert minitx(tokenizer_args) == 0, capsys.readouterr().err
         assert (mount_point / "tokenizer.json").is_file() and os.path.ismount(mount_point)
     assert not [p for p in mount_point.iterdir() if ".partial" in p.name]
+
+
+@pytest.mark.slow
+def test_two_tokenizers_into_one_folder_one_is_refused_and_the_folder_holds_the_winners(tmp_path, text_file,  # noqa: F811
+                                                                                       monkeypatch, capsys):
+    """`train-tokenizer --vocab_size 300` writes; while it does, one with 400 into the same folder runs in another
+    process and is refused; a second writer in this process's place (a lock it does not hold) is refused too."""
+    from hf_minitx.data import tokenizer as train_tokenizer
+
+    folder, save, second = tmp_path / "tk", train_tokenizer._save_marked, []
+    argv = ["--dataset", str(text_file), "--output_dir", str(folder)]
+
+    def save_while_another_starts(tokenizer, fresh):
+        second.append(second_writer(["train-tokenizer", *argv, "--vocab_size", "400"]))
+        return save(tokenizer, fresh)
+
+    monkeypatch.setattr(train_tokenizer, "_save_marked", save_while_another_starts)
+    train_tokenizer.main([*argv, "--vocab_size", "300"])
+    assert second[0].returncode == 2 and "saved to" not in second[0].stdout, second[0].stderr
+    assert second[0].stderr == (f"error: --output_dir {folder} is being written by `minitx train-tokenizer` (pid "
+                                f"{os.getpid()} on {socket.gethostname()}, lock {LOCK_FILE}); wait for it to finish "
+                                "or stop it, or choose another --output_dir\n")
+    assert "saved to" in capsys.readouterr().out
+    assert sorted(os.listdir(folder)) == [RUN_MARKER, "tokenizer.json", "tokenizer_config.json"]
+    assert len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]) == 300
+    monkeypatch.undo()
+    with another_writer(folder / LOCK_FILE, pid=4242, host="box", command="train-tokenizer"):
+        assert minitx(["train-tokenizer", *argv, "--vocab_size", "400", "--overwrite"]) == 2
+    assert "is being written by `minitx train-tokenizer` (pid 4242 on box" in capsys.readouterr().err
+    assert len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]) == 300
