@@ -434,6 +434,20 @@ def local_inputs(dataset: str) -> list[Path]:
     return [Path(f) for f in _local_files(dataset) or []]
 
 
+def dataset_key(dataset: str) -> str:
+    """``dataset`` as a run records it: each local path (file, glob, folder) made absolute with its symlinks
+    resolved, so that ``corpus.txt``, ``./corpus.txt`` and its absolute path are one input; a builtin or a Hub
+    id as given."""
+    if dataset.startswith(BUILTIN_PREFIX):
+        return dataset
+    if os.path.isdir(os.path.expanduser(dataset)):
+        return os.path.realpath(os.path.expanduser(dataset))
+    if not _looks_like_path(dataset):
+        return dataset
+    parts = (p.strip() for p in dataset.split(","))
+    return ",".join(os.path.realpath(os.path.expanduser(p)) for p in parts if p)
+
+
 def _load_files(files: list[str], streaming: bool, sample_by: str, skip_bad_rows: bool = False) -> dict[str, AnyDataset]:
     builders = {FILE_BUILDERS.get(Path(f).suffix.lower()) for f in files}
     if None in builders:

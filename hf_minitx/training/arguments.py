@@ -281,7 +281,50 @@ def _read_args_file(path: Path) -> dict[str, Any]:
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"unknown argument(s) {unknown} in {path}; known arguments: {sorted(known)}")
-    return values
+    return typed_values(values, f"arguments file {path}")
+
+
+def typed_values(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """``values`` (of an arguments file or a preset's training object) typed as the command line types them: a
+    whole number for an integer argument (2.5 is refused, not rounded by a range), one of the choices, true or
+    false for a flag; a text value is read as the command line reads it. One line names the field otherwise."""
+    hints = {name: hint for cls in ARGUMENT_CLASSES for name, hint in typing.get_type_hints(cls).items()}
+    typed = {}
+    for name, value in values.items():
+        hint = hints[name]
+        optional = typing.get_origin(hint) is not Literal and type(None) in typing.get_args(hint)
+        kind = next(t for t in typing.get_args(hint) if t is not type(None)) if optional else hint
+        try:
+            typed[name] = None if value is None and optional else _typed(kind, value)
+        except (TypeError, ValueError):
+            choices = typing.get_args(kind) if typing.get_origin(kind) is Literal else None
+            wanted = (f"one of {', '.join(choices)}" if choices else
+                      {int: "a whole number", float: "a number", bool: "true or false"}.get(kind, "a text"))
+            raise ValueError(f"{where}: {name} must be {wanted} (as --{name} on the command line), got "
+                             f"{json.dumps(value)}") from None
+    return typed
+
+
+BOOL_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}  # as the command line
+
+
+def _typed(kind: Any, value: Any) -> Any:
+    """``value`` as an argument of type ``kind``; TypeError or ValueError when it is not one."""
+    if typing.get_origin(kind) is Literal:
+        if value in typing.get_args(kind):
+            return value
+        raise ValueError(value)
+    if kind is bool:
+        if isinstance(value, bool) or (isinstance(value, str) and value.lower() in BOOL_WORDS):
+            return value if isinstance(value, bool) else BOOL_WORDS[value.lower()]
+        raise ValueError(value)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise TypeError(value)
+    if kind is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        return int(value)  # int("2.5") raises too
+    return float(value) if kind is float else str(value)
 
 
 def parse_training_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, TrainArguments]:
@@ -362,7 +405,7 @@ def preset_training(preset: str) -> dict[str, Any]:
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"preset {preset}: unknown training argument(s) {unknown}; known: {sorted(known)}")
-    return values
+    return typed_values(values, f"preset {preset}")
 
 
 def check_config_field(name: str, where: str) -> None:

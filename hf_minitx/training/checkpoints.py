@@ -14,8 +14,10 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from ..data.corpus import dataset_key
 from ..data.streaming import load_stream_state
-from ..folders import check_marker, free_mib, holds_run_files, write_errno
+from ..folders import RUN_MARKER, check_marker, free_mib, holds_run_files, write_errno
+from .outputs import SUMMARY_FILE
 
 CHECKPOINT_PREFIX = "checkpoint-"
 RUN_STATE_FILE = "run_state.json"
@@ -89,9 +91,10 @@ def write_run_state(checkpoint: Path, state: dict[str, Any]) -> None:
     (checkpoint / RUN_STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
 
 
-def check_checkpoint_files(checkpoint: Path, *, streaming: bool = False) -> None:
+def check_checkpoint_files(checkpoint: Path, *, streaming: bool = False, step: int | None = None) -> None:
     """Read every file ``accelerator.load_state`` (and, streaming, the stream position) will read, so that a
-    missing or damaged one is named before any work."""
+    missing or damaged one is named before any work; with ``step`` (the run state's), the scheduler and the
+    optimizer must have counted as many steps."""
     required = [*STATE_FILES, *(["stream_state_0.npz"] if streaming else [])]
     missing = [name for name in required if not (checkpoint / name).is_file()]
     if not any((checkpoint / name).is_file() for name in MODEL_FILES):
@@ -99,6 +102,7 @@ def check_checkpoint_files(checkpoint: Path, *, streaming: bool = False) -> None
     if missing:
         raise ValueError(f"checkpoint {checkpoint} is incomplete: {checkpoint / missing[0]} is missing; "
                          f"{_FIX.format(checkpoint)}")
+    counted: dict[str, int | None] = {}
     for path in sorted(checkpoint.iterdir()):
         try:
             if path.suffix == ".safetensors":
@@ -106,13 +110,50 @@ def check_checkpoint_files(checkpoint: Path, *, streaming: bool = False) -> None
                     for key in handle.keys():
                         handle.get_slice(key)
             elif path.suffix in (".bin", ".pkl", ".pt"):
-                torch.load(path, map_location="cpu", weights_only=False)
+                loaded = torch.load(path, map_location="cpu", weights_only=False)
+                if path.name in STEP_COUNTERS:
+                    counted[path.name] = STEP_COUNTERS[path.name](loaded)
             elif path.suffix == ".npz":
                 load_stream_state(path)
         except Exception as error:  # noqa: BLE001  torch, pickle, zip and safetensors each raise their own kinds
             detail = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise ValueError(f"{path} cannot be read ({type(error).__name__}: {detail}); "
                              f"{_FIX.format(checkpoint)}") from None
+    if step is not None:
+        check_step_counts(checkpoint, step, counted)
+
+
+def _scheduler_steps(state: Any) -> int | None:
+    """The steps a saved LR scheduler state counted (its ``last_epoch``)."""
+    last = state.get("last_epoch") if isinstance(state, dict) else None
+    return last if isinstance(last, int) else None
+
+
+def _optimizer_steps(state: Any) -> int | None:
+    """The most steps any parameter of a saved optimizer state counted (AdamW's ``step``; Muon keeps none), in
+    a plain optimizer's state or in each part of a combined one."""
+    if not isinstance(state, dict):
+        return None
+    parts = [state] if "state" in state else [v for v in state.values() if isinstance(v, dict) and "state" in v]
+    steps = [int(value["step"]) for part in parts if isinstance(part["state"], dict)
+             for value in part["state"].values() if isinstance(value, dict) and "step" in value]
+    return max(steps) if steps else None
+
+
+STEP_COUNTERS = {"custom_checkpoint_0.pkl": _scheduler_steps, OPTIMIZER_FILE: _optimizer_steps}
+
+
+def check_step_counts(checkpoint: Path, step: int, counted: dict[str, int | None]) -> None:
+    """Refuse a run state whose step is not the one the scheduler counted, or below the optimizer's count (an
+    edited or mixed-up ``run_state.json``): resuming would start the schedule, the data order and the run's length
+    elsewhere. The optimizer may count fewer: a mixed-precision loss scaler skips the steps whose gradients
+    overflow."""
+    for name, steps in counted.items():
+        if steps is not None and (steps > step if name == OPTIMIZER_FILE else steps != step):
+            raise ValueError(
+                f"checkpoint {checkpoint} is damaged: {RUN_STATE_FILE} says step {step}, but its "
+                f"{'optimizer' if name == OPTIMIZER_FILE else 'scheduler'} ({name}) counted {steps} steps; "
+                f"{_FIX.format(checkpoint)}")
 
 
 def check_checkpoint_fits(checkpoint: Path, model: torch.nn.Module) -> None:
@@ -144,6 +185,30 @@ def check_same_run(output_dir: Path, checkpoint: Path, state: dict[str, Any]) ->
     if marker and state.get("run_id") and marker.get("run_id") != state["run_id"]:
         raise ValueError(f"checkpoint {checkpoint} was made by run {state['run_id']}, but {output_dir} belongs to "
                          f"run {marker.get('run_id')}; resume a checkpoint of this folder's own run")
+    if marker is None:  # no marker (deleted): the folder's other records of its run
+        for where, run_id in _recorded_runs(output_dir, checkpoint):
+            if run_id != state.get("run_id"):
+                raise ValueError(
+                    f"checkpoint {checkpoint} was made by run {state.get('run_id') or '(none recorded)'}, but {where} "
+                    f"records run {run_id} "
+                    f"(and {output_dir} has no {RUN_MARKER}): it was copied from another run, and resuming it would "
+                    "replace this folder's own model; resume it in its own run's folder, or remove it")
+
+
+def _recorded_runs(output_dir: Path, checkpoint: Path) -> list[tuple[Path, str]]:
+    """(file, run id) of what ``output_dir`` holds of its run besides ``checkpoint``: the final summary and the
+    other checkpoints' run states (unreadable ones are skipped: they are checked where they are read)."""
+    files = [output_dir / SUMMARY_FILE, *(p / RUN_STATE_FILE for p in list_checkpoints(output_dir)
+                                         if p.resolve() != checkpoint.resolve())]
+    found = []
+    for path in files:
+        try:
+            run_id = json.loads(path.read_text()).get("run_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(run_id, str) and run_id:
+            found.append((path, run_id))
+    return found
 
 
 def check_compatible(checkpoint: Path, stored: dict[str, Any], expected: dict[str, Any]) -> None:
@@ -153,6 +218,8 @@ def check_compatible(checkpoint: Path, stored: dict[str, Any], expected: dict[st
         if key == INPUT_FILES or (key in (*SPLIT_FIELDS, RECIPE) and key not in stored):
             continue  # compared by check_same_inputs; fields of checkpoints older than their recording
         old = stored.get(key)
+        if key == "dataset" and isinstance(old, str) and dataset_key(old) == value:
+            continue  # the same files named another way (./corpus.txt, its absolute path)
         if isinstance(old, dict) and isinstance(value, dict):
             before = RECORDED_SINCE if key == RECIPE else {}
             for sub in sorted(set(old) | set(value)):
@@ -177,24 +244,35 @@ RECORDED_SINCE = {"late_dropout": 0.0}  # recipe fields older checkpoints lack: 
 
 
 def check_same_inputs(checkpoint: Path, stored: dict[str, Any], expected: dict[str, Any],
-                      accept_edits: bool = False) -> None:
+                      accept_edits: bool = False, tokenizer: str | None = None) -> None:
     """Refuse to resume when a local input file (dataset, tokenizer) changed, appeared or vanished since the
     checkpoint's run started (checkpoints written before fingerprints were kept are not checked). With
-    ``accept_edits`` a file edited in place (e.g. converted to UTF-8) is accepted; one that appeared or vanished
-    never is (it would move text between training and validation)."""
+    ``accept_edits`` a dataset file edited in place (e.g. converted to UTF-8) is accepted; one that appeared or
+    vanished never is (it would move text between training and validation), nor is a changed file of the
+    ``tokenizer`` folder (another token mapping makes the checkpoint's embeddings meaningless)."""
     old, new = stored.get(INPUT_FILES), expected.get(INPUT_FILES) or {}
     if not isinstance(old, dict):
         return
+    old = {os.path.realpath(path): value for path, value in old.items()}  # older checkpoints kept paths as given
+    tokenizer_root = os.path.realpath(tokenizer) if tokenizer else None
     for path in sorted(set(old) | set(new)):
         edited = path in old and path in new
-        if old.get(path) != new.get(path) and not (edited and accept_edits):
-            how = "changed (size or content)" if edited else "is gone" if path not in new else "is new"
-            fix = ("restore the file, or pass --accept_changed_inputs to go on with the edited file, or start a new "
-                   "run in another --output_dir") if edited else "restore it, or start a new run in another --output_dir"
+        of_tokenizer = tokenizer_root is not None and Path(path).is_relative_to(tokenizer_root)
+        if old.get(path) == new.get(path) or (edited and accept_edits and not of_tokenizer):
+            continue
+        how = "changed (size or content)" if edited else "is gone" if path not in new else "is new"
+        if of_tokenizer:
             raise ValueError(
-                f"input file {path} {how} since the run in checkpoint {checkpoint} started; resuming would go on "
-                f"with other data than the run (and its tokenizer) began with: {fix}"
-            )
+                f"tokenizer file {path} {how} since the run in checkpoint {checkpoint} started: the checkpoint's "
+                "embeddings belong to the old token mapping, so no resume can go on with another tokenizer "
+                "(--accept_changed_inputs included); restore the --tokenizer folder, or start a new run in another "
+                "--output_dir")
+        fix = ("restore the file, or pass --accept_changed_inputs to go on with the edited file, or start a new "
+               "run in another --output_dir") if edited else "restore it, or start a new run in another --output_dir"
+        raise ValueError(
+            f"input file {path} {how} since the run in checkpoint {checkpoint} started; resuming would go on "
+            f"with other data than the run (and its tokenizer) began with: {fix}"
+        )
 
 
 def rotate_checkpoints(output_dir: str | Path, keep: int) -> list[Path]:

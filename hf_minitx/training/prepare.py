@@ -27,6 +27,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..data.corpus import (
     corpus_task,
+    dataset_key,
     iter_training_texts,
     load_corpus,
     local_inputs,
@@ -78,7 +79,12 @@ from .loss import Objective
 from .optim import check_optimizer_arguments
 from .outputs import SUMMARY_FILE
 from .prepared import PreparedData
-from .stream_data import STREAMING_EVAL_BLOCKS, check_streaming_arguments, prepare_streaming_data
+from .stream_data import (
+    STREAMING_EVAL_BLOCKS,
+    check_stream_resume,
+    check_streaming_arguments,
+    prepare_streaming_data,
+)
 
 TRACKERS = ("tensorboard", "trackio", "wandb")
 TOKENIZER_IDS = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
@@ -124,8 +130,14 @@ def resolve_model_settings(model_args: ModelArguments, data_args: DataArguments)
         raise ValueError(f"--config_overrides {from_tokenizer[0]}=... cannot be set: the vocabulary size and special "
                          "token ids come from the tokenizer. Remove it; for another vocabulary size pass "
                          "--tokenizer_vocab_size N (a fresh tokenizer) or a --tokenizer of that size")
-    settings.update(overrides)
     wants_seq2seq = data_args.task == "seq2seq"
+    if "is_encoder_decoder" in overrides and bool(overrides["is_encoder_decoder"]) != wants_seq2seq:
+        raise ValueError(f"--config_overrides is_encoder_decoder={str(overrides['is_encoder_decoder']).lower()} "
+                         f"contradicts --task {data_args.task}: the task decides the kind of model; remove "
+                         f"is_encoder_decoder from --config_overrides (and pass --task "
+                         f"{'seq2seq' if overrides['is_encoder_decoder'] else 'causal-lm'} for "
+                         f"{'an encoder-decoder' if overrides['is_encoder_decoder'] else 'a decoder-only'} model)")
+    settings.update(overrides)
     if "is_encoder_decoder" in settings and bool(settings["is_encoder_decoder"]) != wants_seq2seq:
         kind = "an encoder-decoder" if settings["is_encoder_decoder"] else "a decoder-only"
         raise ValueError(
@@ -150,7 +162,7 @@ def run_identity(model_settings: dict[str, Any], data_args: DataArguments, seed:
     """What a checkpoint must share with the run that resumes it: the model, the data, and what defines the
     validation split (seed, validation_split, streaming), so that validation never holds trained text."""
     return {
-        "model_settings": model_settings, "task": data_args.task, "dataset": data_args.dataset,
+        "model_settings": model_settings, "task": data_args.task, "dataset": dataset_key(data_args.dataset),
         "dataset_config": data_args.dataset_config, "block_size": data_args.block_size,
         "sample_by": data_args.sample_by, "seed": seed, "validation_split": data_args.validation_split,
         "streaming": data_args.streaming, "shift_windows": shifts_windows(data_args),
@@ -198,12 +210,13 @@ FINGERPRINT_BYTES = 1 << 20  # the first and the last MB of each file are hashed
 
 
 def fingerprint_inputs(data_args: DataArguments) -> dict[str, str]:
-    """{path: "size:hash of the first and last MB"} of the local dataset and tokenizer files (builtin and Hub
-    datasets have none: their name and config are in the run identity)."""
+    """{real path: "size:hash of the first and last MB"} of the local dataset and tokenizer files (builtin and Hub
+    datasets have none: their name and config are in the run identity). Real paths: a file named another way
+    (./corpus.txt, its absolute path) is the same input."""
     roots = local_inputs(data_args.dataset) + ([Path(data_args.tokenizer)] if data_args.tokenizer else [])
     files = [f for root in roots for f in (sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir()
                                            else [root])]
-    return {str(f): _fingerprint(f) for f in files}
+    return {os.path.realpath(f): _fingerprint(f) for f in files}
 
 
 def _fingerprint(path: Path) -> str:
@@ -372,8 +385,12 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     plan.resume_state = read_run_state(plan.checkpoint)
     check_compatible(plan.checkpoint, plan.resume_state, plan.identity)
     check_same_run(plan.output_dir, plan.checkpoint, plan.resume_state)
-    check_same_inputs(plan.checkpoint, plan.resume_state, plan.identity, accept_edits=data_args.accept_changed_inputs)
-    check_checkpoint_files(plan.checkpoint, streaming=data_args.streaming)
+    check_same_inputs(plan.checkpoint, plan.resume_state, plan.identity, accept_edits=data_args.accept_changed_inputs,
+                      tokenizer=data_args.tokenizer)
+    check_checkpoint_files(plan.checkpoint, streaming=data_args.streaming, step=plan.resume_state["step"])
+    if data_args.streaming:
+        check_stream_resume(plan.checkpoint, data_args, train_args.seed,  # the launcher says how many processes
+                            num_processes=int(os.environ.get("WORLD_SIZE", "1")))
     if train_args.max_steps is not None:  # runs of num_epochs are checked once their length is known
         check_not_complete(plan, train_args.max_steps)
     return plan

@@ -38,6 +38,23 @@ def check_streaming_arguments(data_args: DataArguments, train_args: TrainArgumen
         raise ValueError(f"--shuffle_buffer must be >= 0 blocks, got {data_args.shuffle_buffer}")
 
 
+def check_stream_resume(checkpoint: Path, data_args: DataArguments, seed: int, num_processes: int | None = None
+                        ) -> None:
+    """A streaming checkpoint resumes only with the settings its stream position was saved with (the shuffle
+    buffer's blocks are in it, and each process's position is its own): checked before any work."""
+    saved = load_stream_state(stream_state_path(checkpoint, 0)).get("settings") or {}
+    asked = {"shuffle_buffer": data_args.shuffle_buffer, "block_size": data_args.block_size, "seed": seed}
+    for name, value in asked.items():
+        if name in saved and saved[name] != value:
+            raise ValueError(f"checkpoint {checkpoint} was streamed with --{name} {saved[name]}, this run asks for "
+                             f"{value}: its saved stream position holds that run's blocks; resume with --{name} "
+                             f"{saved[name]}, or start a new run in another --output_dir")
+    if num_processes is not None and saved.get("num_processes", num_processes) != num_processes:
+        raise ValueError(f"checkpoint {checkpoint} was streamed by {saved['num_processes']} process(es), this launch "
+                         f"has {num_processes}: each saved its own stream position; resume it with --num_processes "
+                         f"{saved['num_processes']}, or start a new run in another --output_dir")
+
+
 def prepare_streaming_data(corpus: Any, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments) -> PreparedData:
     """The train rows (a stream), validation blocks read once from the held-out rows (the first
     ``--max_eval_samples``, default ``STREAMING_EVAL_BLOCKS``), the collator, prompts and scored bytes."""
