@@ -101,9 +101,9 @@ class DataArguments:
     )
     accept_changed_inputs: bool = field(
         default=False,
-        metadata={"help": "Resume although a dataset or tokenizer file was edited in place since the run started (e.g. "
+        metadata={"help": "Resume although a dataset file was edited in place since the run started (e.g. "
                           "converted to UTF-8 after a decoding error); training goes on with the new content. A file "
-                          "added or removed is still refused."},
+                          "added or removed, or a changed --tokenizer file, is still refused."},
     )
     shuffle_buffer: int = field(
         default=10_000,

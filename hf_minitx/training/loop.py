@@ -91,6 +91,7 @@ from .prepare import (
     shifts_windows,
 )
 from .prepared import PreparedData
+from .rescue import check_room, final_save_bytes, rescue_final_model
 from .stream_data import save_stream_position, streaming_train_batches
 
 logger = logging.getLogger(__name__)
@@ -914,16 +915,27 @@ def save_final_folder(
     card: bool, state_dict: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """The model (``state_dict``: its gathered weights, FSDP), tokenizer, summary and loss curve written into
-    ``.final.partial``, renamed into place (the summary last), then the card."""
+    ``.final.partial``, renamed into place (the summary last), then the card. The space it needs is checked
+    first; a disk that cannot hold it gets the model written on another disk instead (``rescue``)."""
     model = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
     partial = run.output_dir / f".final{PARTIAL_SUFFIX}"  # written whole, then renamed file by file
     shutil.rmtree(partial, ignore_errors=True)
+
+    def write(folder: Path) -> None:
+        save_final_model(model, tokenizer, folder, summary, max_new_tokens=max_new_tokens, state_dict=state_dict)
+
+    need = final_save_bytes(model, tokenizer, state_dict)
     try:
-        save_final_model(model, tokenizer, partial, summary, max_new_tokens=max_new_tokens, state_dict=state_dict)
+        check_room(run.output_dir, need)
+        write(partial)
         draw_loss_curve(run.output_dir, partial / LOSS_CURVE_FILE)
     except (OSError, RuntimeError, SafetensorError) as error:
         shutil.rmtree(partial, ignore_errors=True)
-        raise write_failure(error, partial, run.output_dir) from None
+        failure = write_failure(error, partial, run.output_dir)
+        if failure is error:
+            raise
+        raise rescue_final_model(write, run.output_dir, need, summary.get("steps", 0), summary.get("run_id"),
+                                 error, failure) from None
     move_files_into(partial, run.output_dir, last=SUMMARY_FILE)  # the summary marks a finished run
     if card:
         write_card(run.output_dir)

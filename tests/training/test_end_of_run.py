@@ -153,6 +153,8 @@ def rotate_then_fill(output_dir, keep):
                 pass
     return done
 loop.rotate_checkpoints = rotate_then_fill
+import hf_minitx.training.rescue as rescue
+rescue.rescue_places = lambda: [Path(os.environ["TEST_RESCUE"])]  # another disk, with room
 from hf_minitx.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -164,15 +166,19 @@ def test_a_really_full_disk_at_the_final_save_is_one_line_and_resumes(five_steps
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root); the injected failures below stand in")
     try:
-        out, filler = disk / "run", disk / "filler"
+        out, filler, elsewhere = disk / "run", disk / "filler", tmp_path / "elsewhere"
+        elsewhere.mkdir()
         process = subprocess.run(
             [sys.executable, "-c", FILL_THE_DISK, "train", *causal_args(text_file, out, *FIVE)], cwd=REPO, text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1", "TEST_FILLER": str(filler)}, capture_output=True, timeout=300)
+            env={**os.environ, "OMP_NUM_THREADS": "1", "TEST_FILLER": str(filler), "TEST_RESCUE": str(elsewhere)},
+            capture_output=True, timeout=300)
         assert process.returncode == 2, process.stderr
         err = [line for line in process.stderr.strip().splitlines() if line.startswith("error:")]
-        assert len(err) == 1 and "No space left on device" in err[0] and f"{out / 'checkpoint-4'}, is intact" in err[0]
+        assert len(err) == 1 and "No space left on device" in err[0] and "the finished model of 5 steps was saved" in err[0]
         assert "Traceback" not in process.stderr and partials(disk) == [] and not (out / LOCK_FILE).exists()
-        filler.unlink()
+        (rescued,) = elsewhere.iterdir()  # the trained weights survive the full disk
+        assert_same_weights(five_steps, rescued)
+        filler.unlink()  # and the last checkpoint still resumes to them
         train_main(causal_args(text_file, out, *FIVE, "--resume_from_checkpoint", "latest"))
         assert_same_weights(five_steps, out)
     finally:
