@@ -91,7 +91,7 @@ class DataArguments:
     streaming: bool = field(
         default=False,
         metadata={"help": "causal-lm: read the corpus as a stream, tokenized and packed on the fly (nothing prepared or "
-                          "cached; a corpus larger than memory trains). Needs --max_steps. Resumes at the exact block."},
+                          "cached; a corpus larger than memory trains). Needs --max_steps or --max_minutes. Resumes at the exact block."},
     )
     skip_bad_rows: bool = field(
         default=False,
@@ -249,7 +249,8 @@ class TrainArguments:
     )
     save_total_limit: int = field(default=2, metadata={"help": "Checkpoints kept (the oldest are deleted)."})
     report_to: str = field(
-        default="none", metadata={"help": "Accelerate trackers: none, tensorboard, trackio, wandb (comma list)."}
+        default="none", metadata={"help": "Accelerate trackers, a comma list: none, tensorboard, trackio, wandb, aim, "
+                                          "comet_ml, mlflow, clearml, dvclive, swanlab (each must be installed)."}
     )
     disable_tqdm: bool = field(default=False, metadata={"help": "Hide the progress bar."})
     push_to_hub: bool = field(default=False, metadata={"help": "Upload the final folder with hf_minitx.hub.push."})

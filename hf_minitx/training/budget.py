@@ -12,7 +12,8 @@ become a number of steps before the decay can be placed. The run's own steps are
     at REPLAN_AT                the final plan, fixed once
 
 Every process measures and the mean is taken (one reduce), so all agree. The plan is recorded in every
-checkpoint (``RunState.planned_steps``) and in training_summary.json: a resumed run continues the same plan, and
+checkpoint (``RunState.planned_steps``) and in training_summary.json: a resumed run continues the same plan (see
+``resumed_budget``: with or without --max_minutes; a longer one only moves the clock's stop), and
 ``--max_steps planned_steps`` repeats the run without a clock, bit for bit (the rates of the steps timed before
 the plan was final do not depend on the length). Schedules whose rate depends on the length from the first step
 after warmup (cosine, linear) keep the first plan. The plan ends ``MARGIN`` before the budget; the clock stays a
@@ -22,8 +23,12 @@ says so.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
 
 PROBE_STEPS = 20  # the first plan after this many steps (the default 20 warmup steps: their rates need no length)
 TIMED_FROM = 4  # steps 1..TIMED_FROM are not timed: they allocate optimizer state and warm caches
@@ -48,21 +53,35 @@ class TimeBudget:
     planned_steps: int | None = None
     final: bool = False  # the plan no longer changes
     planned_for_minutes: float | None = None  # a resume under another budget: the one the plan was made for
+    clock_seconds: float | None = None  # a resume with a longer --max_minutes: where the clock stops (the plan: seconds)
+    first_fraction: float | None = None  # the smallest of --eval_steps/--checkpointing_steps in (0, 1): placed on
+    # the final plan, so the second timing ends before that fraction of the run
 
     @property
     def fixed(self) -> bool:
         return self.final
 
     @property
+    def minutes(self) -> float:
+        """The budget the clock runs to: --max_minutes (after a resume with a longer one, that one)."""
+        return max(self.seconds, self.clock_seconds or 0.0) / 60
+
+    @property
     def cap_seconds(self) -> float:
         """Where the clock stops a run whose steps ran slower than timed: the planned end is 4% before the budget,
-        the cap 2% after it, so a machine up to ~6% slower than its timing still ends on its plan."""
-        return self.seconds * (1.0 + GRACE)
+        the cap 2% after it, so a machine up to ~6% slower than its timing still ends on its plan. A resume with a
+        longer --max_minutes moves it there (``clock_seconds``)."""
+        return self.minutes * 60 * (1.0 + GRACE)
 
     def provisional_steps(self) -> int:
         """The schedule's length before a plan: the cap, or a length whose first steps are warmup and peak for
         every transformers schedule."""
         return self.step_cap or 10**9
+
+    def shortest_budget(self, step_seconds: float) -> float:
+        """Minutes a budget needs at ``step_seconds`` a step to make a plan and decay: the timing probe and as many
+        steps again, before the margin."""
+        return math.ceil(2 * self.probe_steps * step_seconds / (1.0 - MARGIN) / 60 * 100) / 100
 
     def evaluations(self, steps: int) -> int:
         """How many evaluations a run of ``steps`` makes along the way."""
@@ -88,13 +107,18 @@ class TimeBudget:
         if second and self.decay_ratio is not None:  # the decay must not have started at the old plan's pace
             steps = max(steps, math.ceil((done + 1) / (1.0 - self.decay_ratio)))
         self.seconds_per_step, self.seconds_per_evaluation = step_seconds, eval_seconds
-        self.final = second or self.decay_ratio is None or self.replan_step(steps) <= done
+        capped = self.step_cap is not None and steps >= self.step_cap  # --max_steps binds: no second timing changes it
+        decay_from = steps * (1.0 - (self.decay_ratio or 0.0))  # a second timing must end before the decay starts
+        self.final = (second or self.decay_ratio is None or capped or self.replan_step(steps) <= done
+                      or self.replan_step(steps) >= decay_from)
         self.planned_steps = steps
         return steps
 
     def replan_step(self, planned: int) -> int:
-        """The step of the final plan after a first plan of ``planned`` steps."""
-        return max(self.probe_steps + 20, round(REPLAN_AT * planned))
+        """The step of the final plan after a first plan of ``planned`` steps: half of it, or earlier when an
+        evaluation or checkpoint is placed at a fraction of the run (laid on the final plan, which may be shorter)."""
+        at = min(REPLAN_AT, 0.7 * self.first_fraction) if self.first_fraction else REPLAN_AT
+        return max(self.probe_steps + 20, round(at * planned))
 
     def second_window(self, step: int) -> Probe:
         """The steps timed for the final plan, of a run at ``step`` with a first plan."""
@@ -104,12 +128,65 @@ class TimeBudget:
 
     def record(self, steps_run: int, train_seconds: float, stopped_by_clock: bool) -> dict:
         """What was planned and what ran, for training_summary.json and the card."""
-        return {"budget_minutes": round(self.seconds / 60, 4), "probe_steps": self.probe_steps,
+        return {"budget_minutes": round(self.minutes, 4), "probe_steps": self.probe_steps,
                 "seconds_per_step": _round(self.seconds_per_step),
                 "seconds_per_evaluation": _round(self.seconds_per_evaluation), "step_cap": self.step_cap,
                 "planned_steps": self.planned_steps, "steps_run": steps_run, "train_seconds": round(train_seconds, 2),
                 "ended_by": "clock" if stopped_by_clock else "plan",
                 **({"planned_for_minutes": round(self.planned_for_minutes, 4)} if self.planned_for_minutes else {})}
+
+    def timing(self) -> dict[str, Any]:
+        """What a checkpoint records of the budget (``RunState.plan_timing``), from the first step on: a resume
+        without --max_minutes goes on with it, one with another --max_minutes is checked against it."""
+        return {"budget_minutes": self.seconds / 60, "seconds_per_step": self.seconds_per_step,
+                "seconds_per_evaluation": self.seconds_per_evaluation, "step_cap": self.step_cap}
+
+
+def resumed_budget(args: Any, saved: dict[str, Any], checkpoint: Any) -> None:
+    """One story for the time budget of a resumed run, told before any work: the checkpoint's plan goes on.
+
+    Without --max_minutes (and without --max_steps/--num_epochs) the recorded budget is taken up again
+    (``args.max_minutes`` is set), never an epoch. The same budget goes on silently; a longer one only moves the
+    clock's stop (room for a slower restart); a shorter one, or another --max_steps beside it, is refused: it
+    would stop the plan before its decay or contradict it. --max_steps or --num_epochs without --max_minutes lay
+    the schedule over that length instead, without a clock, said here. A checkpoint saved before its plan was
+    made takes the new budget. ``saved``: the checkpoint's run state (its ``plan_timing``)."""
+    timing = saved.get("plan_timing") or {}
+    recorded, planned = timing.get("budget_minutes"), saved.get("planned_steps")
+    if recorded is None:  # not a timed run
+        return
+    plan = f"the plan of {planned} steps" if planned else "a plan not made yet"
+    if args.max_minutes is None:
+        if args.max_steps is not None or args.num_epochs is not None:
+            length = f"--max_steps {args.max_steps}" if args.max_steps is not None else f"--num_epochs {args.num_epochs:g}"
+            logger.warning("the time budget of %g min and %s are replaced by %s without a clock, from step %d on "
+                           "(recorded in the summary's recipe.schedule.schedule_changes)", recorded, plan, length,
+                           saved.get("step", 0))
+            return
+        args.max_minutes = recorded
+        logger.warning("resumed without --max_minutes: the checkpoint's time budget of %g min goes on, with %s (to "
+                       "train another length, resume with --max_steps N and no --max_minutes)", recorded, plan)
+        return
+    if not planned:
+        if not math.isclose(args.max_minutes, recorded):
+            logger.warning("the checkpoint was saved before its plan was made: the plan is made for --max_minutes %g "
+                           "(not %g), the minutes already trained counted", args.max_minutes, recorded)
+        return
+    cap = timing.get("step_cap")
+    if args.max_steps is not None and args.max_steps != cap:
+        raise ValueError(f"checkpoint {checkpoint} goes on with {plan} made for --max_minutes {recorded:g}; "
+                         f"--max_steps {args.max_steps} beside --max_minutes would contradict it: leave --max_steps "
+                         "out, or lay the schedule over another length with --max_steps N and no --max_minutes")
+    if math.isclose(args.max_minutes, recorded):
+        return
+    if args.max_minutes < recorded:
+        raise ValueError(f"checkpoint {checkpoint} goes on with {plan} made for --max_minutes {recorded:g}; "
+                         f"--max_minutes {args.max_minutes:g} would stop it by the clock before its decay ends: "
+                         f"resume with --max_minutes {recorded:g} (or leave it out), or lay the schedule over "
+                         "another length with --max_steps N and no --max_minutes")
+    logger.warning("the plan of %d steps made for --max_minutes %g goes on; --max_minutes %g only moves the clock's "
+                   "stop, for a slower restart (to train longer, resume with --max_steps N and no --max_minutes)",
+                   planned, recorded, args.max_minutes)
 
 
 @dataclass

@@ -48,7 +48,7 @@ from ..device import describe_hardware
 from ..folders import PARTIAL_SUFFIX, move_files_into, output_path, unlock_folder
 from ..inference import non_finite_weights
 from .arguments import DataArguments, ModelArguments, TrainArguments, parse_training_args
-from .best import BestWeights
+from .best import BestWeights, too_few_to_choose
 from .budget import LENGTH_FREE_SCHEDULES, Probe, TimeBudget, every
 from .checkpoints import (
     CHECKPOINT_PREFIX,
@@ -280,7 +280,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
             release_unclaimed(plan)
         raise
     outcome = fit(run, state)
-    note_unplanned_budget(run, state)
+    refuse_unplanned_budget(run, state, outcome)
     if outcome.interrupted_by is not None:
         saved = f"saved {outcome.checkpoint}" if outcome.checkpoint else "nothing could be saved"
         raise Interrupted(
@@ -400,20 +400,20 @@ def run_length(plan: RunPlan, batches_per_epoch: int | None) -> tuple[int, TimeB
 
     if args.max_minutes is None:
         return args.max_steps or epochs(args.num_epochs or 1.0), None
-    cap = args.max_steps or (epochs(args.num_epochs) if args.num_epochs and batches_per_epoch else None)
-    stable = args.lr_scheduler_type in LENGTH_FREE_SCHEDULES and args.decay_ratio < 1
-    budget = TimeBudget(args.max_minutes * 60, step_cap=cap, eval_steps=args.eval_steps or None,
-                        decay_ratio=(args.decay_ratio if args.lr_scheduler_type == "warmup_stable_decay" else 0.0)
-                        if stable else None)
     saved = plan.resume_state or {}
-    if saved.get("planned_steps"):  # a resumed run continues its plan
+    timing = saved.get("plan_timing") or {}
+    cap = (args.max_steps or (epochs(args.num_epochs) if args.num_epochs and batches_per_epoch else None)
+           or timing.get("step_cap"))
+    stable = args.lr_scheduler_type in LENGTH_FREE_SCHEDULES and args.decay_ratio < 1
+    fractions = [v for v in (args.eval_steps, args.checkpointing_steps) if v and v < 1]
+    planned_for = timing.get("budget_minutes") if saved.get("planned_steps") else None  # see resumed_budget
+    budget = TimeBudget((planned_for or args.max_minutes) * 60, step_cap=cap, eval_steps=args.eval_steps or None,
+                        decay_ratio=(args.decay_ratio if args.lr_scheduler_type == "warmup_stable_decay" else 0.0)
+                        if stable else None, first_fraction=min(fractions, default=None))
+    if saved.get("planned_steps"):  # a resumed run continues its plan; a longer budget only moves the clock
         budget.planned_steps, budget.final = saved["planned_steps"], bool(saved.get("plan_final", True))
-        timing = saved.get("plan_timing") or {}
-        if timing and not math.isclose(timing["budget_minutes"], args.max_minutes):
-            budget.planned_for_minutes = timing["budget_minutes"]
-            logger.warning("the plan of %d steps made for --max_minutes %g goes on; --max_minutes %g only moves the "
-                           "clock's stop (recorded in the summary's time_budget); to train longer, pass --max_steps",
-                           budget.planned_steps, timing["budget_minutes"], args.max_minutes)
+        if planned_for and not math.isclose(planned_for, args.max_minutes):
+            budget.planned_for_minutes, budget.clock_seconds = planned_for, args.max_minutes * 60
         budget.seconds_per_step = timing.get("seconds_per_step")
         budget.seconds_per_evaluation = timing.get("seconds_per_evaluation")
     elif cap is not None and cap <= budget.probe_steps:  # too short to need a probe
@@ -541,7 +541,8 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
     A stop signal ends the loop after the current step with a checkpoint (when the run has a folder)."""
     settings, accelerator = run.settings, run.accelerator
     run.model.train()
-    progress = tqdm(total=settings.total_steps, initial=state.step, unit="step",
+    unplanned = run.budget is not None and run.budget.planned_steps is None  # no total to show until the plan
+    progress = tqdm(total=None if unplanned else settings.total_steps, initial=state.step, unit="step",
                     desc=f"training {run.output_dir.name if run.output_dir else ''}".strip(),
                     disable=not (accelerator.is_local_main_process and settings.show_progress))
     outcome, interval, evaluated_at = FitOutcome(), Interval(), -1
@@ -550,6 +551,8 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
     probe = None if run.budget is None else Probe.window(run.budget, state.step)
     if run.budget is not None and run.budget.fixed:
         state.planned_steps, state.plan_final = run.budget.planned_steps, True
+    if run.budget is not None and state.plan_timing is None:  # every checkpoint says what budget it runs under
+        state.plan_timing = run.budget.timing()
     switch_on_late_dropout(run, state.step)  # a resumed run past the switch
     with StopSignals() as signals:
         while state.step < settings.total_steps:
@@ -559,7 +562,8 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
             untrained = run.stream.state_dict() if run.stream is not None else None  # before the window is drawn
             window = draw_window(run, state, untrained)
             window = [{k: v.to(accelerator.device) for k, v in batch.items()} for batch in window]
-            time_up = settings.max_seconds is not None and time.perf_counter() - start > settings.max_seconds
+            time_up = (settings.max_seconds is not None and state.step > 0  # a first step, timed, whatever the budget
+                       and time.perf_counter() - start > settings.max_seconds)
             counts = count_window(run, window, time_up=time_up, interrupted=signals.received is not None)
             if counts.interrupted or counts.time_up:
                 stop_early(run, state, outcome, counts, signals.received, untrained)
@@ -587,8 +591,13 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
                 evaluated_at, settings = max(evaluated_at, made), run.settings
                 progress.total = settings.total_steps
                 progress.refresh()
+                if evaluation_passed(settings, state.step, evaluated_at):  # the final plan put one before this step
+                    evaluated_at = state.step
+                    if evaluate_and_check_target(run, state, outcome):
+                        break
         progress.close()
-        if evaluated_at != state.step and outcome.interrupted_by is None:  # protected like the steps
+        refused = outcome.stopped_by_time_budget and run.budget is not None and run.budget.planned_steps is None  # refuse_unplanned_budget
+        if evaluated_at != state.step and outcome.interrupted_by is None and not refused:  # protected like the steps
             evaluate_and_check_target(run, state, outcome)
             if stop_wished(run, signals.received):
                 outcome.interrupted_by = signals.received or signal.SIGTERM
@@ -599,17 +608,29 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
     return outcome
 
 
-def note_unplanned_budget(run: TrainingRun, state: RunState) -> None:
-    """A time budget that ended inside its timing probe made no plan: its steps ran the warmup of a provisional
-    schedule. The record says so instead of that schedule's length, and a warning says why."""
+def evaluation_passed(settings: LoopSettings, step: int, evaluated_at: int) -> bool:
+    """Whether an evaluation the (final) plan places at or before ``step`` has not run: a fraction of the run
+    that a shorter final plan put before the step where the plan was made."""
+    if not settings.eval_steps or step >= settings.total_steps:
+        return False
+    due = step // settings.eval_steps * settings.eval_steps
+    return due > 0 and evaluated_at < due
+
+
+def refuse_unplanned_budget(run: TrainingRun, state: RunState, outcome: FitOutcome) -> None:
+    """A time budget that ran out inside its timing probe made no plan: its steps ran the warmup of a provisional
+    schedule that never decayed. That model is not the run's result: one error says what a step costs and what
+    budget would do, and the checkpoint saved at the stop (``stop_early``) can be resumed with a longer one."""
     budget = run.budget
-    if budget is None or budget.planned_steps is not None:
+    if budget is None or budget.planned_steps is not None or not outcome.stopped_by_time_budget:
         return
-    why = (f"no plan: the time budget ended after {state.step} steps, inside its {budget.probe_steps}-step timing "
-           "probe, so the schedule was never laid over the run and did not decay")
-    run.recipe["schedule"] = {"type": run.recipe["schedule"]["type"],
-                              "warmup_steps": run.recipe["schedule"]["warmup_steps"], "unplanned": why}
-    logger.warning("%s; give --max_minutes more time (or train a given number of steps with --max_steps)", why)
+    step_seconds = state.train_seconds / max(state.step, 1)
+    resume = (f"{outcome.checkpoint} holds them: resume it with --resume_from_checkpoint latest --max_minutes "
+              f"{budget.shortest_budget(step_seconds):g}" if outcome.checkpoint else "nothing was saved")
+    raise ValueError(f"--max_minutes {budget.seconds / 60:g} ({budget.seconds:.1f} s) ran out after {state.step} "
+                     f"step(s) of about {step_seconds:.2f} s, inside the {budget.probe_steps}-step timing probe that "
+                     "makes the plan: the schedule never decayed, so no model is saved as the run's result; "
+                     f"{resume} (the probe and as many steps again), or train a number of steps with --max_steps")
 
 
 def keep_best(run: TrainingRun, state: RunState, outcome: FitOutcome) -> None:
@@ -621,7 +642,13 @@ def keep_best(run: TrainingRun, state: RunState, outcome: FitOutcome) -> None:
     last = outcome.final_metrics
     outcome.kept = {"step": state.step, "eval_loss": last.get("eval_loss"), "last_step": state.step,
                     "last_eval_loss": last.get("eval_loss")}
-    if best.better_than(last, state.step):
+    small = too_few_to_choose(last)
+    if small and best.better_than(last, state.step):
+        outcome.kept["not_chosen"] = small
+        logger.warning("kept the last weights, not those of step %d (eval_loss %.4f against %.4f): %s; give a larger "
+                       "--validation_split (or --max_eval_samples)", best.step, best.loss,
+                       last.get("eval_loss", math.nan), small)
+    elif best.better_than(last, state.step):
         best.restore_into(run.accelerator.unwrap_model(run.model, keep_torch_compile=False),
                           sharded=run.accelerator.distributed_type == DistributedType.FSDP)
         outcome.kept.update(step=best.step, eval_loss=best.loss)
@@ -649,8 +676,7 @@ def fix_plan(run: TrainingRun, state: RunState, probe: Probe, elapsed: float) ->
     planned = budget.plan(state.step, budget.steps_that_fit(state.step, elapsed, step_seconds, eval_seconds),
                           step_seconds, eval_seconds)
     state.planned_steps, state.plan_final = planned, budget.final
-    state.plan_timing = {"budget_minutes": budget.seconds / 60, "seconds_per_step": budget.seconds_per_step,
-                         "seconds_per_evaluation": budget.seconds_per_evaluation}
+    state.plan_timing = budget.timing()
     relay_schedule(run.scheduler, args, planned)
     run.settings = replace(run.settings, total_steps=planned, eval_steps=every(args.eval_steps, planned),
                            checkpointing_steps=every(args.checkpointing_steps, planned))
@@ -720,8 +746,11 @@ def stop_early(
         outcome.checkpoint = checkpoint_of_last_step(run, state, untrained)
         return
     outcome.stopped_by_time_budget = True
-    run.accelerator.print(f"time budget of {run.settings.max_seconds / 60:g} min reached at step {state.step} of "
-                          f"{run.settings.total_steps}")
+    if run.budget is not None and run.budget.planned_steps is None:  # inside the probe: kept to resume, see
+        outcome.checkpoint = checkpoint_of_last_step(run, state, untrained)  # refuse_unplanned_budget
+        return
+    minutes = run.budget.minutes if run.budget is not None else run.settings.max_seconds / 60
+    run.accelerator.print(f"time budget of {minutes:g} min reached at step {state.step} of {run.settings.total_steps}")
 
 
 def train_step(
@@ -859,7 +888,8 @@ def run_summary(run: TrainingRun, state: RunState, outcome: FitOutcome) -> dict[
     return {
         "run_id": run.checkpoint_fields.get("run_id"),
         "steps": state.step, "tokens_seen": state.tokens_seen, "train_seconds": round(state.train_seconds, 2),
-        "epochs": passes if run.stream is None else run.stream.epoch,
+        "epochs": passes,  # a stream has no length: None, and the whole passes it completed beside
+        **({"stream_passes_completed": run.stream.epoch} if run.stream is not None else {}),
         **({"time_budget": run.budget.record(state.step, state.train_seconds, outcome.stopped_by_time_budget)}
            if run.budget is not None else {}),
         **({"kept": outcome.kept} if outcome.kept else {}),

@@ -63,6 +63,7 @@ from .arguments import (
     preset_path,
     validation_split_value,
 )
+from .budget import resumed_budget
 from .checkpoints import (
     INPUT_FILES,
     RECIPE,
@@ -81,12 +82,16 @@ from .outputs import SUMMARY_FILE
 from .prepared import PreparedData
 from .stream_data import (
     STREAMING_EVAL_BLOCKS,
+    check_stream_length,
     check_stream_resume,
     check_streaming_arguments,
     prepare_streaming_data,
 )
 
-TRACKERS = ("tensorboard", "trackio", "wandb")
+TRACKERS = {  # Accelerate's trackers (--report_to) and the pip package that brings each
+    "tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb", "aim": "aim", "comet_ml": "comet-ml",
+    "mlflow": "mlflow", "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab",
+}
 TOKENIZER_IDS = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 
 
@@ -235,7 +240,13 @@ def parse_trackers(report_to: str) -> list[str]:
     trackers = [t.strip() for t in report_to.split(",") if t.strip() and t.strip() != "none"]
     unknown = sorted(set(trackers) - set(TRACKERS))
     if unknown:
-        raise ValueError(f"--report_to {unknown} is not supported; choose none or from {TRACKERS}")
+        raise ValueError(f"--report_to {unknown} is not supported; choose none or from {sorted(TRACKERS)}")
+    import accelerate.utils
+
+    missing = [t for t in trackers if not getattr(accelerate.utils, f"is_{t}_available")()]
+    if missing:  # Accelerate would only warn, and the run would log nothing
+        raise ImportError(f"--report_to {','.join(missing)}: not installed; pip install "
+                          f"{' '.join(TRACKERS[t] for t in missing)} (or leave --report_to out)")
     return trackers
 
 
@@ -388,7 +399,9 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     check_same_inputs(plan.checkpoint, plan.resume_state, plan.identity, accept_edits=data_args.accept_changed_inputs,
                       tokenizer=data_args.tokenizer)
     check_checkpoint_files(plan.checkpoint, streaming=data_args.streaming, step=plan.resume_state["step"])
+    resumed_budget(train_args, plan.resume_state, plan.checkpoint)  # the checkpoint's budget, kept or refused here
     if data_args.streaming:
+        check_stream_length(train_args)
         check_stream_resume(plan.checkpoint, data_args, train_args.seed,  # the launcher says how many processes
                             num_processes=int(os.environ.get("WORLD_SIZE", "1")))
     if train_args.max_steps is not None:  # runs of num_epochs are checked once their length is known

@@ -32,8 +32,8 @@ def check_streaming_arguments(data_args: DataArguments, train_args: TrainArgumen
         return
     if data_args.task != "causal-lm":
         raise ValueError("--streaming trains causal-lm models only; for --task seq2seq leave --streaming out")
-    if train_args.max_steps is None:
-        raise ValueError("--streaming needs --max_steps: a stream has no length to count epochs from")
+    if train_args.resume_from_checkpoint is None:  # a resumed run may take the checkpoint's budget up again
+        check_stream_length(train_args)
     if data_args.shuffle_buffer < 0:
         raise ValueError(f"--shuffle_buffer must be >= 0 blocks, got {data_args.shuffle_buffer}")
 
@@ -53,6 +53,13 @@ def check_stream_resume(checkpoint: Path, data_args: DataArguments, seed: int, n
         raise ValueError(f"checkpoint {checkpoint} was streamed by {saved['num_processes']} process(es), this launch "
                          f"has {num_processes}: each saved its own stream position; resume it with --num_processes "
                          f"{saved['num_processes']}, or start a new run in another --output_dir")
+
+
+def check_stream_length(train_args: TrainArguments) -> None:
+    """A stream has no length to count epochs from: --max_steps or a time budget (--max_minutes) ends the run."""
+    if train_args.max_steps is None and train_args.max_minutes is None:
+        raise ValueError("--streaming needs --max_steps or --max_minutes: a stream has no length to count epochs "
+                         "from")
 
 
 def prepare_streaming_data(corpus: Any, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments) -> PreparedData:

@@ -255,21 +255,3 @@ def test_the_best_weights_survive_a_resume_and_are_the_ones_saved(text_file, tmp
     assert final.keys() <= at_20.keys()
     assert all(torch.equal(final[k], at_20[k]) for k in final)
     assert "Weights kept" in (out / "README.md").read_text()
-
-
-def test_a_budget_that_ends_inside_its_timing_probe_records_no_plan(text_file, tmp_path, monkeypatch, caplog):  # noqa: F811
-    """--max_minutes shorter than the 20-step probe: the run stops on the clock with no plan, and the record and
-    the card say so instead of the provisional schedule's billion steps."""
-    from hf_minitx.hub.card import render_model_card
-    from hf_minitx.training import loop
-
-    monkeypatch.setattr(loop, "time", TickingClock(0.05))
-    out = tmp_path / "short"
-    main(causal_args(text_file, out, "--max_minutes", "0.02"))
-    summary = summary_of(out)
-    assert summary["time_budget"]["planned_steps"] is None and summary["steps"] < 20
-    schedule = summary["recipe"]["schedule"]
-    assert "total_steps" not in schedule and "inside its 20-step timing probe" in schedule["unplanned"]
-    assert any("give --max_minutes more time" in r.getMessage() for r in caplog.records)
-    assert "inside its 20-step timing probe, so the schedule was never laid over the run" in render_model_card(out)
-    assert "1,000,000,000" not in render_model_card(out)

@@ -49,8 +49,8 @@ def train_records(output_dir: Path) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["type"] == "train"]
 
 
-def test_streaming_without_max_steps_is_one_clear_error(corpus, tmp_path):
-    with pytest.raises(ValueError, match="--streaming needs --max_steps"):
+def test_streaming_without_max_steps_or_a_budget_is_one_clear_error(corpus, tmp_path):
+    with pytest.raises(ValueError, match="--streaming needs --max_steps or --max_minutes"):
         main(stream_args(corpus, tmp_path / "run"))
 
 
