@@ -255,3 +255,45 @@ def test_the_best_weights_survive_a_resume_and_are_the_ones_saved(text_file, tmp
     assert final.keys() <= at_20.keys()
     assert all(torch.equal(final[k], at_20[k]) for k in final)
     assert "Weights kept" in (out / "README.md").read_text()
+
+
+def test_a_plan_bound_by_max_steps_or_too_short_to_time_again_is_final():
+    capped = TimeBudget(12.0, step_cap=30, decay_ratio=0.3)  # --max_steps 30 --max_minutes 0.2
+    assert capped.plan(20, capped.steps_that_fit(20, 1.0, 0.01, 0.0), 0.01, 0.0) == 30 and capped.fixed
+    short = TimeBudget(12.0, decay_ratio=0.3)  # a second timing at step 40 would fall in the decay (from step 35)
+    assert short.plan(20, 50, 0.1, 0.0) == 50 and short.fixed
+
+
+def test_a_fraction_of_the_run_is_placed_on_the_final_plan():
+    from hf_minitx.training.loop import LoopSettings, evaluation_passed
+
+    budget = TimeBudget(100.0, decay_ratio=0.3, first_fraction=0.5)  # --eval_steps 0.5
+    assert budget.replan_step(384) == round(0.35 * 384)  # the final plan before half of a shorter one
+    assert TimeBudget(100.0, decay_ratio=0.3).replan_step(384) == 192
+    final = LoopSettings(total_steps=250, batches_per_epoch=10, eval_steps=every(0.5, 250))
+    assert evaluation_passed(final, 134, evaluated_at=20)  # a final plan shorter still: evaluated when it is made
+    assert not evaluation_passed(final, 134, evaluated_at=125) and not evaluation_passed(final, 120, evaluated_at=20)
+
+
+@pytest.mark.slow
+def test_half_of_a_timed_run_is_half_of_its_final_plan_and_the_bar_waits_for_the_plan(text_file, tmp_path,  # noqa: F811
+                                                                                      monkeypatch):
+    from hf_minitx.training import loop
+
+    bars = []
+
+    class RecordedBar(loop.tqdm):
+        def __init__(self, *args, **kwargs):
+            bars.append(kwargs.get("total"))
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(loop, "time", TickingClock(0.004))
+    monkeypatch.setattr(loop, "tqdm", RecordedBar)
+    out = tmp_path / "half"
+    main(causal_args(text_file, out, "--max_minutes", "0.1", "--eval_steps", "0.5"))
+    planned = summary_of(out)["time_budget"]["planned_steps"]
+    assert summary_of(out)["steps"] == planned
+    evaluations = [r["step"] for r in records(out, "eval")]
+    assert evaluations == [20, every(0.5, planned), planned]  # the probe's timed one, half of the run, the end
+    assert bars[0] is None and bars[1].total == planned  # no billion-step total before the plan

@@ -162,3 +162,39 @@ def test_a_budget_shorter_than_a_step_saves_no_model_and_resumes_with_the_budget
     plan = summary_of(out)["time_budget"]  # the checkpoint held no plan: the new budget makes one, and it decays
     assert plan["planned_steps"] > plan["probe_steps"] and plan["budget_minutes"] == 1
     assert plan["ended_by"] == "plan" and plan["steps_run"] == plan["planned_steps"]
+
+
+def test_a_validation_split_too_small_to_choose_by_keeps_the_last_weights_and_says_so(caplog):
+    import torch
+    from conftest import tiny_causal
+    from test_budget import _run_with
+
+    from hf_minitx.training.best import MIN_CHOOSING_TOKENS, BestWeights
+
+    model = tiny_causal()
+    best = BestWeights()
+    best.offer(model, 5, {"eval_loss": 2.0, "eval_tokens": 1})
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    last = {k: v.clone() for k, v in model.state_dict().items()}
+    outcome = loop.FitOutcome(final_metrics={"eval_loss": 3.0, "eval_tokens": 1})
+    loop.keep_best(_run_with(model, best), loop.RunState(step=20), outcome)
+    assert outcome.kept["step"] == 20 and outcome.final_metrics["eval_loss"] == 3.0
+    assert all(torch.equal(last[k], v) for k, v in model.state_dict().items())
+    reason = f"the validation split scores 1 token(s), fewer than {MIN_CHOOSING_TOKENS:,}: too few to choose a model by"
+    assert outcome.kept["not_chosen"] == reason
+    (said,) = [r.getMessage() for r in caplog.records if "kept the last weights" in r.getMessage()]
+    assert "not those of step 5" in said and reason in said
+
+
+@pytest.mark.parametrize("tracker, package", [("tensorboard", "tensorboard"), ("comet_ml", "comet-ml")])
+def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_written(tracker, package, text_file,  # noqa: F811
+                                                                               tmp_path, monkeypatch):
+    import accelerate.utils
+
+    monkeypatch.setattr(accelerate.utils, f"is_{tracker}_available", lambda: False)
+    out = tmp_path / "tracked"
+    with pytest.raises(ImportError, match=rf"--report_to {tracker}: not installed; pip install {package} "):
+        loop.main(causal_args(text_file, out, "--max_steps", "2", "--report_to", f"none,{tracker}"))
+    assert not out.exists()

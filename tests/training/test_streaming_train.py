@@ -98,3 +98,22 @@ def test_two_processes_train_on_disjoint_parts_of_the_stream(corpus, tmp_path):
         trained.append(mine)
     everything = trained[0] + trained[1]
     assert len(set(everything)) == len(everything), "a block was trained on twice in the epoch"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cap", [[], ["--max_steps", "100000"]])
+def test_a_time_budget_bounds_a_stream_and_its_plan_decays_to_the_end(corpus, tmp_path, monkeypatch, cap):
+    from test_budget import TickingClock
+
+    from hf_minitx.training import loop
+
+    monkeypatch.setattr(loop, "time", TickingClock(0.004))
+    out = tmp_path / "timed"
+    main(stream_args(corpus, out, "--max_minutes", "0.05", *cap))
+    summary = json.loads((out / "training_summary.json").read_text())
+    plan = summary["time_budget"]
+    assert plan["ended_by"] == "plan" and plan["planned_steps"] == plan["steps_run"] == summary["steps"] > 20
+    assert summary["recipe"]["schedule"]["total_steps"] == plan["planned_steps"]
+    assert summary["epochs"] is None and summary["stream_passes_completed"] >= 0  # a stream has no length to say
+    rates = [r["learning_rate"] for r in train_records(out)]
+    assert rates[-1] < 0.05 * max(rates)  # the decay ran to its end
