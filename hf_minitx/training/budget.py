@@ -53,7 +53,7 @@ class TimeBudget:
     planned_steps: int | None = None
     final: bool = False  # the plan no longer changes
     planned_for_minutes: float | None = None  # a resume under another budget: the one the plan was made for
-    clock_seconds: float | None = None  # a resume with a longer --max_minutes: where the clock stops (the plan: seconds)
+    clock_seconds: float | None = None  # a resume with a longer --max_minutes: the clock's (the plan's: seconds)
     first_fraction: float | None = None  # the smallest of --eval_steps/--checkpointing_steps in (0, 1): placed on
     # the final plan, so the second timing ends before that fraction of the run
 
@@ -158,7 +158,8 @@ def resumed_budget(args: Any, saved: dict[str, Any], checkpoint: Any) -> None:
     plan = f"the plan of {planned} steps" if planned else "a plan not made yet"
     if args.max_minutes is None:
         if args.max_steps is not None or args.num_epochs is not None:
-            length = f"--max_steps {args.max_steps}" if args.max_steps is not None else f"--num_epochs {args.num_epochs:g}"
+            length = (f"--max_steps {args.max_steps}" if args.max_steps is not None
+                      else f"--num_epochs {args.num_epochs:g}")
             logger.warning("the time budget of %g min and %s are replaced by %s without a clock, from step %d on "
                            "(recorded in the summary's recipe.schedule.schedule_changes)", recorded, plan, length,
                            saved.get("step", 0))

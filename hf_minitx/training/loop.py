@@ -596,7 +596,8 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
                     if evaluate_and_check_target(run, state, outcome):
                         break
         progress.close()
-        refused = outcome.stopped_by_time_budget and run.budget is not None and run.budget.planned_steps is None  # refuse_unplanned_budget
+        # a budget stopped inside its probe is refused (refuse_unplanned_budget): no final evaluation
+        refused = outcome.stopped_by_time_budget and run.budget is not None and run.budget.planned_steps is None
         if evaluated_at != state.step and outcome.interrupted_by is None and not refused:  # protected like the steps
             evaluate_and_check_target(run, state, outcome)
             if stop_wished(run, signals.received):
