@@ -95,18 +95,17 @@ def check_generation_fits(config: MiniTxConfig, used: int, max_length: int, max_
     """Refuse, before any token is generated, a `generate()` whose sequence would outgrow the position table.
 
     `used` is the positions the decoder starts with (the prompt; the start token of an encoder-decoder),
-    `max_length` the total length generate() will stop at. The last generated token is never fed back, but
-    the bound is the table itself, as transformers' default `max_length` clamps it. Rotary positions have no
-    table: nothing to refuse.
+    `max_length` the total length generate() will stop at. The last generated token is never fed back, so
+    a sequence may be one longer than the table. Rotary positions have no table: nothing to refuse.
     """
     limit = config.max_position_embeddings
-    if not config.position_table or max_length <= limit:
+    if not config.position_table or max_length <= limit + 1:
         return
-    fit = limit - used
+    fit = limit + 1 - used
     start = "the decoder's start takes" if config.is_encoder_decoder else "the prompt takes"
     asked = f"max_new_tokens={max_new_tokens}" if max_new_tokens is not None else f"max_length={max_length}"
     fix = ("shorten the prompt" if fit < 1 else f"pass max_new_tokens={fit} or less" if max_new_tokens is not None
-           else f"pass max_length={limit} or less")
+           else f"pass max_length={limit + 1} or less")
     raise ValueError(f"generate({asked}) does not fit: the model has max_position_embeddings={limit} "
                      f"({config.position_embedding_type} positions) and {start} {used}, so at most "
                      f"{max(fit, 0)} new tokens fit; {fix}.")

@@ -117,20 +117,23 @@ def test_too_many_new_tokens_are_refused_before_the_first_forward(pe, seq2seq):
     model.register_forward_hook(lambda *args: calls.append(1))
     ids = random_ids(2, 5)
     used = 1 if seq2seq else 5  # the decoder start token, or the prompt
+    fit = 17 - used  # the last new token is never fed back, so it needs no position of its own
     with pytest.raises(ValueError, match=rf"generate\(max_new_tokens=40\) does not fit: the model has "
-                                         rf"max_position_embeddings=16 .* {used}, so at most {16 - used} new tokens "
-                                         rf"fit; pass max_new_tokens={16 - used} or less"):
+                                         rf"max_position_embeddings=16 .* {used}, so at most {fit} new tokens "
+                                         rf"fit; pass max_new_tokens={fit} or less"):
         model.generate(ids, do_sample=False, max_new_tokens=40)
-    with pytest.raises(ValueError, match=r"generate\(max_length=17\) .* pass max_length=16 or less"):
-        model.generate(ids, do_sample=False, max_length=17)
+    with pytest.raises(ValueError, match=r"generate\(max_length=18\) .* pass max_length=17 or less"):
+        model.generate(ids, do_sample=False, max_length=18)
     assert calls == []  # refused before any work
-    out = model.generate(ids, do_sample=False, max_new_tokens=16 - used, min_new_tokens=16 - used)
-    assert out.shape[1] == 16  # the largest that fits runs to the end of the table
+    out = model.generate(ids, do_sample=False, max_new_tokens=fit, min_new_tokens=fit)
+    assert out.shape[1] == 17  # the largest that fits: every position of the table is fed, then one more token
 
 
 def test_a_prompt_that_fills_the_table_is_told_to_shorten():
+    model = tiny_causal(max_position_embeddings=16)
+    assert model.generate(random_ids(1, 16), do_sample=False, max_new_tokens=1).shape == (1, 17)  # one still fits
     with pytest.raises(ValueError, match="at most 0 new tokens fit; shorten the prompt"):
-        tiny_causal(max_position_embeddings=16).generate(random_ids(1, 16), do_sample=False, max_new_tokens=1)
+        model.generate(random_ids(1, 17), do_sample=False, max_new_tokens=1)
 
 
 def test_rotary_positions_have_no_generation_limit():

@@ -120,7 +120,7 @@ def test_attention_bad_input_is_explained(causal_model, seq2seq_model, tmp_path)
     with pytest.raises(ValueError, match=".png"):
         viz.plot_attention(causal_model, text="4 5", out=tmp_path / "x.jpg")
     assert not list(tmp_path.iterdir()), "nothing is written when the input is rejected"
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(FileNotFoundError, match="missing does not exist; pass the folder of a saved model"):
         viz.plot_attention(str(tmp_path / "missing"), text="4", out=tmp_path / "x.png")
 
 
