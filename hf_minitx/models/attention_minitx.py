@@ -19,7 +19,7 @@ def scaled_dot_product_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(Q Kᵀ · scaling + mask) V, the paper's equation (1).
+    """softmax(Q Kᵀ · scaling + mask) V, the paper's equation (1), on tensors of equal head counts.
 
     Args:
         query: (batch, heads, q_len, head_dim).
@@ -34,20 +34,9 @@ def scaled_dot_product_attention(
         output (batch, heads, q_len, head_dim) and weights (batch, heads, q_len, kv_len).
         A query row with no visible key gets zero weights and a zero output (as torch's fused kernel).
     """
-    scaling = 1.0 / math.sqrt(query.size(-1)) if scaling is None else scaling
-    scores = torch.matmul(query, key.transpose(-2, -1)) * scaling  # (batch, heads, q_len, kv_len)
-    if attention_mask is None and is_causal:
-        attention_mask = causal_mask(query.size(-2), key.size(-2), device=query.device)
-    if attention_mask is not None and attention_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attention_mask, float("-inf"))
-    elif attention_mask is not None:
-        scores = scores + attention_mask
-    weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
-    if attention_mask is not None:
-        weights = weights.nan_to_num(0.0)  # fully masked rows: softmax of all -inf is NaN, make it 0
-    if dropout > 0.0:
-        weights = torch.nn.functional.dropout(weights, p=dropout)
-    return torch.matmul(weights, value), weights  # (batch, heads, q_len, head_dim)
+    out, weights = eager_attention_forward(None, query, key, value, attention_mask, scaling, dropout,
+                                           is_causal=is_causal)
+    return out.transpose(1, 2), weights  # (batch, heads, q_len, head_dim)
 
 
 def repeat_kv(states: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -63,42 +52,63 @@ def repeat_kv(states: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 def eager_attention_forward(
-    module: torch.nn.Module,
+    module: torch.nn.Module | None,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
+    is_causal: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `eager` entry of transformers' attention interface, backed by `scaled_dot_product_attention`.
+    """The `eager` entry of transformers' attention interface: softmax(Q Kᵀ · scaling + mask) V, by hand.
 
-    Takes (batch, heads, seq, head_dim) tensors like every attention function of the interface and returns
-    the output as (batch, q_len, heads, head_dim) plus the attention weights.
+    Takes (batch, heads, seq, head_dim) queries and (batch, kv_heads, seq, head_dim) keys and values, like every
+    attention function of the interface, and returns the output as (batch, q_len, heads, head_dim) plus the
+    weights (batch, heads, q_len, kv_len). Without a mask, `is_causal` (default: the module's, for more than
+    one query) hides future keys. A query row with no visible key gets zero weights and a zero output.
     """
     n_rep = query.size(1) // key.size(1)
-    is_causal = getattr(module, "is_causal", False) and query.size(-2) > 1
-    out, weights = scaled_dot_product_attention(
-        query, repeat_kv(key, n_rep), repeat_kv(value, n_rep), attention_mask,
-        is_causal=is_causal, scaling=scaling, dropout=dropout,
-    )
+    key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)  # (batch, heads, kv_len, head_dim)
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", False) and query.size(-2) > 1
+    scaling = 1.0 / math.sqrt(query.size(-1)) if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(-2, -1)) * scaling  # (batch, heads, q_len, kv_len)
+    if attention_mask is None and is_causal:
+        attention_mask = causal_mask(query.size(-2), key.size(-2), device=query.device)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask, float("-inf"))
+    elif attention_mask is not None:
+        scores = scores + attention_mask
+    weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    if attention_mask is not None:
+        weights = weights.nan_to_num(0.0)  # fully masked rows: softmax of all -inf is NaN, make it 0
+    if dropout > 0.0:
+        weights = torch.nn.functional.dropout(weights, p=dropout)
+    out = torch.matmul(weights, value)  # (batch, heads, q_len, head_dim)
     return out.transpose(1, 2).contiguous(), weights  # (batch, q_len, heads, head_dim)
 
 
-def attend_in_full_precision_on_cpu(attention: Callable, module: torch.nn.Module, query: torch.Tensor,
-                                    key: torch.Tensor, value: torch.Tensor, *args, **kwargs) -> tuple:
-    """``attention(module, query, key, value, *args, **kwargs)``, run in float32 under a CPU autocast.
+def in_float32(attention: Callable) -> Callable:
+    """`attention` (an attention-interface function) run in float32 with CPU autocast off inside."""
+    def attend(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               *args, **kwargs) -> tuple:
+        with torch.autocast("cpu", enabled=False):
+            return attention(module, query.float(), key.float(), value.float(), *args, **kwargs)
+    return attend
 
-    CPU autocast would run torch's fused attention in bf16, and its bf16 backward on a CPU is about 3.5x slower
-    than float32's (measured at 8 rows x 4 heads x 128 positions x 32 on a 2-core AMD EPYC with AVX-512 BF16),
-    while the linear maps around it gain 2-2.7x from bf16. The output is then float32 (the next linear map casts
-    it back). Anywhere else the call is unchanged.
+
+def float32_under_cpu_autocast(attention: Callable, query: torch.Tensor) -> Callable:
+    """The attention function to call for `query`: `attention` itself, or under a CPU autocast, `in_float32(attention)`.
+
+    CPU autocast would run torch's fused attention in bf16, whose backward on a CPU is several times slower
+    than float32's, while the linear maps around it gain from bf16. The output is then float32 (the next linear
+    map casts it back). Outside a CPU autocast the function is returned unchanged: no extra call.
     """
     if query.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
-        return attention(module, query, key, value, *args, **kwargs)
-    with torch.autocast("cpu", enabled=False):
-        return attention(module, query.float(), key.float(), value.float(), *args, **kwargs)
+        return attention
+    return in_float32(attention)
 
 
 def causal_mask(q_len: int, kv_len: int, device: torch.device | None = None, past_len: int | None = None) -> torch.Tensor:
@@ -188,7 +198,7 @@ def cross_attention_mask(
 
 __all__ = [
     "scaled_dot_product_attention",
-    "attend_in_full_precision_on_cpu",
+    "float32_under_cpu_autocast",
     "eager_attention_forward",
     "repeat_kv",
     "causal_mask",

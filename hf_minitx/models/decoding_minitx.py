@@ -1,19 +1,22 @@
 """Fast decoding on a CPU: how `generate()` reads the weights, remembers the prompt's checks and grows the cache.
 
-None of this is the architecture (that is `layers_minitx.py` and `modeling_minitx.py`); for full-precision
-weights it changes how fast tokens come out, never which tokens. Int8 weight-only weights are multiplied with
-bf16-rounded activations (torchao's own call expands the weights to the activations' dtype), so their tokens
-may part from torchao's own at near-ties, the same way at every length. The models reach it from `generate()` (`generate_in_decode_layout`), its
-input preparation (`decode_step_inputs`) and three hooks on the forward path: `project` for each linear map,
-`project_query_key_value` for self-attention's q/k/v, and the remembered padding of a decode step.
+None of this is the architecture (that is `layers_minitx.py` and `modeling_minitx.py`, which this file stands
+above): for full-precision weights it changes how fast tokens come out, never which tokens. Int8 weight-only
+weights are multiplied with bf16-rounded activations (torchao's own call expands the weights to the activations'
+dtype), so their tokens may part from torchao's own at near-ties, the same way at every length. The models reach
+it from `generate()` (`generate_in_decode_layout`), its input preparation (`decode_step_inputs`) and the
+remembered padding of a decode step (`decode_step_padding`, `remember_padding`).
 
-- The decode layout: for the length of a `generate()` call, each decoder weight gets a copy in the layout that
-  single-row products read fastest, and self-attention one q/k/v weight (`set_decode_layout`). Int8 weight-only
-  weights (torchao's) are read as int8 by one fused kernel instead of expanded on every product.
-- The remembered padding: a decode step reuses the prompt's input checks instead of reading tensors back.
+- The decode layout: for the length of a `generate()` call, each decoder linear map gets a forward through a copy
+  of its weight in the layout single-row products read fastest, and self-attention one q/k/v product
+  (`set_decode_layout`); they are taken off when the call ends. Int8 weight-only weights (torchao's) are read as
+  int8 by one fused kernel instead of expanded on every product.
+- The remembered padding: a decode step reuses the prompt's input checks instead of reading tensors back
+  (`DECODE_STEPS`, the one place that state lives).
 - The growing cache: each step writes its keys and values in place instead of concatenating the whole cache.
 """
 
+import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -22,12 +25,14 @@ from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from .layers_minitx import MiniTxAttention, MiniTxMLP
+
 # The key/value cache's name in transformers' outputs and in generate()'s model inputs: `cache` from transformers
 # 5.24 on, `past_key_values` before. The models take either name (`cache_argument`) and return it under this one.
 CACHE_NAME = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 # Below this many new tokens a `generate()` call reads the weights as stored: copying them into the decode
-# layout costs about what 10 to 15 decode steps save (measured at the benchmark's shape on a 2-core CPU).
+# layout costs about what that many decode steps save (docs/performance.md).
 DECODE_LAYOUT_MIN_NEW_TOKENS = 16
 
 
@@ -59,6 +64,7 @@ def decode_layout_applies(linear: nn.Module) -> bool:
     theirs) whose weight is a dense tensor. A quantized weight (a tensor subclass, as torchao's int8) keeps its own
     call: copying it would expand it back to full precision or fail."""
     return (type(linear) is nn.Linear and not linear._forward_hooks and not linear._forward_pre_hooks
+            and "forward" not in vars(linear)  # accelerate's hooks replace the instance's forward
             and type(linear.weight) is nn.Parameter and type(linear.weight.data) is torch.Tensor)
 
 
@@ -69,9 +75,9 @@ def generation_weight(linears: tuple[nn.Linear, ...], parts: int = 1, dense: boo
     (in, out) split by outputs into `parts` (one per thread; 1 when `out` does not divide), (parts, in,
     out / parts). The matrix-vector product then streams rows of outputs instead of taking one short dot product
     per output, and a batched product gives each thread its own part (BLAS runs a single matrix-vector product
-    on one thread): about 1.6x faster than the stored layout over the benchmark's weights on 2 cores, same
-    values. A single weight is otherwise not copied. None where the decode layout does not apply
-    (`decode_layout_applies`): those linears keep their own call. Int8 weight-only weights get their int8 copy
+    on one thread): faster than the stored layout for the same values (docs/performance.md). A single weight
+    is otherwise not copied. None where the decode layout does not apply (`decode_layout_applies`): those
+    linears keep their own call. Int8 weight-only weights get their int8 copy
     (`int8_generation_weight`) whatever `dense` says; dense ones are copied only when `dense`.
     """
     if not all(map(decode_layout_applies, linears)):
@@ -100,7 +106,7 @@ def int8_rows(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
     time and crashes (or gives wrong values) on the rest, so such a weight keeps torchao's own call."""
     weight = getattr(linear, "weight", None)
     values, scale = getattr(weight, "qdata", None), getattr(weight, "scale", None)
-    if (type(linear) is not nn.Linear or linear._forward_hooks or linear._forward_pre_hooks
+    if (type(linear) is not nn.Linear or linear._forward_hooks or linear._forward_pre_hooks or "forward" in vars(linear)
             or not isinstance(values, torch.Tensor) or values.dtype != torch.int8 or values.dim() != 2
             or values.device.type != "cpu" or not isinstance(scale, torch.Tensor) or scale.numel() != values.shape[0]
             or values.shape[1] % INT8_KERNEL_INPUT_MULTIPLE or not hasattr(torch, "_weight_int8pack_mm")):
@@ -139,8 +145,7 @@ def project_with(copy: GenerationWeight, states: torch.Tensor) -> torch.Tensor:
     On a CPU, one row goes through the split (in, out) copy where there is one, one part per thread; several
     rows (a batch of decode steps, or a prompt) are computed as weight @ states^T, (out, in) @ (in, rows), and
     read transposed (a caller that needs unit-stride features makes them contiguous): BLAS splits that product
-    over the weight's rows, about 2x faster than states @ weight^T for 2 to 64 rows on 2 cores (measured over
-    the benchmark's weights; still 1.3x at 256 rows).
+    over the weight's rows, where states @ weight^T would not (docs/performance.md).
     """
     if copy.weight.device.type != "cpu":
         return nn.functional.linear(states, copy.weight, copy.bias)
@@ -167,69 +172,107 @@ def project_with(copy: GenerationWeight, states: torch.Tensor) -> torch.Tensor:
     return out.view(*states.shape[:-1], out.shape[-1])  # (..., out)
 
 
-def project(linear: nn.Module, states: torch.Tensor) -> torch.Tensor:
-    """`linear(states)`, through its `generate()` copy (`set_generation_weight`) while one is set and no grad."""
-    copy = linear.__dict__.get("generation_weight")
-    if copy is None or torch.is_grad_enabled():
-        return linear(states)
-    return project_with(copy, states)
+# The decode-layout weight of each module that has a decode forward on (`decode_copy`), for the length of a call.
+DECODE_COPIES: "weakref.WeakKeyDictionary[nn.Module, GenerationWeight]" = weakref.WeakKeyDictionary()
+
+# The instance attribute each module kind's decode forward goes in: nn.Linear's `forward`, attention's method.
+SWAPPED = ("forward", "query_key_value")
 
 
-def set_generation_weight(linear: nn.Module, on: bool, parts: int = 1, dense: bool = True) -> None:
-    """Give a linear layer its `generate()` copy of the weight (`generation_weight`), or drop it."""
-    linear.__dict__.pop("generation_weight", None)
+def decode_forward(linear: nn.Linear, copy: GenerationWeight, contiguous: bool = False) -> Callable:
+    """A linear map's forward for the length of a `generate()` call: the same map, through `copy`.
+
+    `set_generation_weight` puts it on as the linear's instance `forward` (nn.Module's call finds it first) and
+    takes it off afterwards; the module, its parameters and its state-dict keys stay as they are. With grad
+    enabled (training) the module's own forward runs. `contiguous`: the output gets unit-stride features (a
+    projection whose heads are split by a view). A closure rather than an object: torch.compile guards on
+    its code, not on its identity, so a later call compiles nothing new.
+    """
+    def forward(states: torch.Tensor) -> torch.Tensor:
+        """(..., in) -> (..., out), as `linear(states)`."""
+        if torch.is_grad_enabled():
+            return nn.Linear.forward(linear, states)
+        out = project_with(copy, states)
+        return out.contiguous() if contiguous else out
+    return forward
+
+
+def decode_query_key_value(attention: MiniTxAttention, copy: GenerationWeight) -> Callable:
+    """Self-attention's `query_key_value` for the length of a `generate()` call: one product over the three
+    weights (`copy`, their outputs concatenated), split into query, key and value.
+
+    Decoding is bound by reading the weights, and one matrix-vector product reads the three faster than three.
+    With grad enabled the attention's own three projections run.
+    """
+    sizes = (attention.q_proj.out_features, attention.k_proj.out_features, attention.v_proj.out_features)
+
+    def query_key_value(states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(batch, seq, hidden) -> query, key and value, each (batch, seq, out) with unit-stride features."""
+        if torch.is_grad_enabled():
+            return MiniTxAttention.query_key_value(attention, states)
+        projected = project_with(copy, states).contiguous()  # (batch, seq, out): attention reads unit-stride heads
+        return projected.split(sizes, dim=-1)  # q, k, v: (batch, seq, out)
+    return query_key_value
+
+
+def decode_copy(module: nn.Module) -> GenerationWeight | None:
+    """The decode-layout weight `module` reads while `generate()` runs (a linear map's, or self-attention's fused
+    q/k/v), or None when it reads its weights as stored."""
+    return DECODE_COPIES.get(module)
+
+
+def put_on(module: nn.Module, name: str, forward: Callable, copy: GenerationWeight) -> None:
+    """Give `module` the decode forward `forward` (through `copy`) as its instance attribute `name`."""
+    setattr(module, name, forward)
+    DECODE_COPIES[module] = copy
+
+
+def take_off(module: nn.Module) -> None:
+    """Remove the decode forward `put_on` gave `module`, if any: it calls its own again."""
+    if DECODE_COPIES.pop(module, None) is not None:
+        for name in SWAPPED:
+            module.__dict__.pop(name, None)
+
+
+def set_generation_weight(linear: nn.Module, on: bool, parts: int = 1, dense: bool = True,
+                          contiguous: bool = False) -> None:
+    """Give a linear layer its `generate()` forward through a copy of the weight (`generation_weight`), or drop it."""
+    take_off(linear)
     copy = generation_weight((linear,), parts, dense) if on and isinstance(linear, nn.Linear) else None
     if copy is not None:
-        linear.__dict__["generation_weight"] = copy
+        put_on(linear, "forward", decode_forward(linear, copy, contiguous), copy)
 
 
-def project_query_key_value(attention: nn.Module, states: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(batch, seq, hidden) -> query, key, value projections, each (batch, seq, out) with unit-stride features.
+def fuse_attention(attention: MiniTxAttention, fuse: bool, parts: int = 1, dense: bool = True) -> None:
+    """Give an attention layer its `generate()` forwards, or drop them.
 
-    Through the attention's fused q/k/v copy while `generate()` has set one and no grad is needed: one
-    matrix-vector product over the three weights reads them faster than three (decoding is bound by reading
-    the weights). Otherwise the three projections, each through `project`.
+    Self-attention gets one q/k/v product (`decode_query_key_value`); cross-attention a copy of q_proj only (the
+    keys and values of the source are projected once per call); both a copy of o_proj. The copies are never
+    parameters: the state dict, PEFT's targets and training are untouched, and they are made only where the
+    projections are plain `nn.Linear`s without hooks.
     """
-    fused = attention.__dict__.get("fused_qkv")
-    if fused is None or torch.is_grad_enabled():
-        return tuple(project(linear, states).contiguous() for linear in
-                     (attention.q_proj, attention.k_proj, attention.v_proj))
-    sizes = (attention.q_proj.out_features, attention.k_proj.out_features, attention.v_proj.out_features)
-    projected = project_with(fused, states).contiguous()  # (batch, seq, out): attention reads unit-stride heads
-    return projected.split(sizes, dim=-1)  # q, k, v: (batch, seq, out)
-
-
-def fuse_attention(attention: nn.Module, fuse: bool, parts: int = 1, dense: bool = True) -> None:
-    """Give an attention layer its `generate()` weights, or drop them.
-
-    Self-attention gets one q/k/v weight (`fused_qkv`); cross-attention a copy of q_proj only (the keys and
-    values of the source are projected once per call); both a copy of o_proj. The copies are plain attributes,
-    never parameters: the state dict, PEFT's targets and training are untouched, and they are made only where
-    the projections are plain `nn.Linear`s without hooks.
-    """
-    attention.__dict__.pop("fused_qkv", None)
+    take_off(attention)
     set_generation_weight(attention.o_proj, fuse, parts, dense)
     if attention.is_cross_attention:
-        set_generation_weight(attention.q_proj, fuse, parts, dense)
+        set_generation_weight(attention.q_proj, fuse, parts, dense, contiguous=True)
     elif fuse:
         fused = generation_weight((attention.q_proj, attention.k_proj, attention.v_proj), parts, dense)
         if fused is not None:
-            attention.fused_qkv = fused
+            put_on(attention, "query_key_value", decode_query_key_value(attention, fused), fused)
 
 
 def set_decode_layout(model: nn.Module, fuse: bool, parts: int = 1, dense: bool = True) -> None:
     """For the length of a `generate()` call, the decoder's weights as decoding reads them fastest (or back).
 
     `model` is a language model with `model.model.decoder` and `lm_head`. Every attention layer of the decoder
-    (a module with `q_proj`, `k_proj`, `v_proj`, `o_proj`, HF's names) goes through `fuse_attention`; each
-    feed-forward network (`fc1`, `gate_proj`, `fc2`) and the head get a copy in the layout of
-    `generation_weight` (single-row copies in `parts`; with `dense` False only the int8 weights). The encoder
-    (run once per call) keeps its own.
+    goes through `fuse_attention`; each feed-forward network's linear maps and the head get a forward through a
+    copy in the layout of `generation_weight` (single-row copies in `parts`; with `dense` False only the int8
+    weights). The encoder (run once per call) keeps its own.
     """
     for module in model.model.decoder.modules():
-        if all(hasattr(module, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        if isinstance(module, MiniTxAttention):
             fuse_attention(module, fuse, parts, dense)
-        elif hasattr(module, "fc1") and hasattr(module, "fc2"):
+        elif isinstance(module, MiniTxMLP):
             for linear in (module.fc1, getattr(module, "gate_proj", None), module.fc2):
                 if linear is not None:
                     set_generation_weight(linear, fuse, parts, dense)
@@ -237,6 +280,11 @@ def set_decode_layout(model: nn.Module, fuse: bool, parts: int = 1, dense: bool 
 
 
 # --- the remembered padding of the decode steps -------------------------------------------------------------
+
+
+# The decode-step state of every cache a `generate()` call drives: the cache -> the prompt's padding flags
+# (None until the prompt's forward stored them). Weak keys: a cache dropped by its owner leaves no entry.
+DECODE_STEPS: "weakref.WeakKeyDictionary[Cache, tuple[bool | None, bool] | None]" = weakref.WeakKeyDictionary()
 
 
 def decode_step_padding(cache: Cache | None, inputs: torch.Tensor | None) -> tuple[bool, bool] | None:
@@ -247,27 +295,26 @@ def decode_step_padding(cache: Cache | None, inputs: torch.Tensor | None) -> tup
     prompt's mask extended with ones, so the prompt's checks and padding flags still hold and nothing is read back
     from the tensors. Calls outside `generate()`, and torch.compile (static cache), are checked as always.
     """
-    if cache is None or inputs is None or inputs.dim() not in (2, 3) or inputs.shape[1] != 1:
+    if (cache is None or inputs is None or inputs.dim() not in (2, 3) or inputs.shape[1] != 1
+            or torch.compiler.is_compiling()):
         return None
-    flags = getattr(cache, "_minitx_padding", None)
-    if flags is None or torch.compiler.is_compiling() or cache.is_compileable or cache.get_seq_length() == 0:
+    flags = DECODE_STEPS.get(cache)
+    if flags is None or cache.is_compileable or cache.get_seq_length() == 0:
         return None
     return flags
 
 
 def remember_padding(cache: Cache | None, has_padding: bool | None, cross_padding: bool) -> None:
-    """Store on a cache `generate()` drives whether the self-attention and encoder masks pad, for the decode steps."""
-    if getattr(cache, "_minitx_generating", False) and not torch.compiler.is_compiling():
-        cache._minitx_padding = (has_padding, cross_padding)
+    """For a cache `generate()` drives, store whether the self-attention and encoder masks pad, for the decode steps."""
+    if cache is not None and not torch.compiler.is_compiling() and cache in DECODE_STEPS:
+        DECODE_STEPS[cache] = (has_padding, cross_padding)
 
 
 def forget_generation(cache: Cache | None) -> None:
     """After `generate()`: a cache handed back to the caller is checked again on its next call."""
-    caches = (cache.self_attention_cache,) if isinstance(cache, EncoderDecoderCache) else (cache,)
-    for one in caches:
-        for name in ("_minitx_generating", "_minitx_padding"):
-            if one is not None and name in vars(one):
-                delattr(one, name)
+    self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+    if self_cache is not None:
+        DECODE_STEPS.pop(self_cache, None)
 
 
 # --- the growing cache --------------------------------------------------------------------------------------
@@ -347,8 +394,9 @@ def generate_in_decode_layout(model: nn.Module, generate: Callable[[], object], 
 
     The weights take the decode layout (`set_decode_layout`) for calls long enough to repay it
     (`decodes_long_enough`), int8 weight-only weights for every call (their copy costs little, and one kernel
-    for any length keeps a call's first tokens the same whatever `max_new_tokens` says); afterwards the copies are dropped, and a cache passed in or handed back forgets
-    the remembered padding (`forget_generation`), so later calls on it are checked as any other call.
+    for any length keeps a call's first tokens the same whatever `max_new_tokens` says). Afterwards, in a
+    `finally`, the decode forwards are taken off, and a cache passed in or handed back forgets the remembered
+    padding (`forget_generation`), so later calls on it are checked as any other call.
     `config` is the call's generation config and `kwargs` its keyword arguments.
     """
     set_decode_layout(model, True, weight_parts(config, kwargs), dense=decodes_long_enough(config, kwargs))
@@ -380,7 +428,7 @@ def decode_step_inputs(
     self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
     dynamic = isinstance(self_cache, Cache) and not self_cache.is_compileable
     if dynamic:
-        self_cache._minitx_generating = True
+        DECODE_STEPS.setdefault(self_cache, None)  # driven by generate(): remember_padding stores its flags
         if self_cache.get_seq_length() == 0 and isinstance(self_cache, DynamicCache):
             grow_in_place(self_cache)
     if not (dynamic and lean):
@@ -404,6 +452,7 @@ __all__ = [
     "decode_layout_applies",
     "CACHE_NAME", "DECODE_LAYOUT_MIN_NEW_TOKENS", "GenerationWeight", "MiniTxGrowingLayer", "cache_argument",
     "decode_step_inputs", "decode_step_padding", "forget_generation", "generate_in_decode_layout",
-    "generation_weight", "grow_in_place", "project", "project_query_key_value", "project_with",
+    "generation_weight", "grow_in_place", "project_with", "decode_forward", "decode_query_key_value", "decode_copy",
+    "DECODE_STEPS", "DECODE_COPIES",
     "remember_padding", "set_decode_layout", "set_generation_weight",
 ]

@@ -1,8 +1,8 @@
 """Building blocks: norms, multi-head attention, the position-wise feed-forward network, encoder and decoder layers.
 
-Each linear map goes through `decoding_minitx.project` (and self-attention's three through
-`project_query_key_value`): the layer's own call, except inside `generate()`, where the weights are read in the
-layout decoding reads fastest. That machinery lives in `decoding_minitx.py`; this file is the architecture.
+This file is the architecture only: each linear map is called as the module it is (`self.fc1(x)`). For the
+length of a `generate()` call, `decoding_minitx.py` may swap in forwards that read the same weights in the
+layout decoding reads fastest; nothing here knows about it.
 """
 
 from collections.abc import Callable
@@ -14,9 +14,8 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .attention_minitx import attend_in_full_precision_on_cpu, eager_attention_forward
+from .attention_minitx import eager_attention_forward, float32_under_cpu_autocast
 from .configuration_minitx import MiniTxConfig
-from .decoding_minitx import project, project_query_key_value
 from .positions_minitx import apply_rotary
 
 
@@ -30,7 +29,7 @@ def rms_normalize(states: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch
 
 class RMSNormFunction(torch.autograd.Function):
     """RMSNorm with its gradient written out, so that backward is 5 tensor operations instead of autograd's
-    chain through pow, mean, rsqrt and two products (about 2.5x faster on a CPU at (8, 128, 128)).
+    chain through pow, mean, rsqrt and two products (faster on a CPU; docs/performance.md).
 
     With n = x / rms and g the gradient of y = n * w: dx = (g w - n mean(g w n)) / rms, dw = sum of g n over
     every position. Computed in float32 (float64 stays float64); x's and w's dtypes are kept. torch.func's
@@ -161,7 +160,15 @@ class MiniTxAttention(nn.Module):
 
     def _heads(self, projection: nn.Linear, states: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
         """Project (batch, seq, hidden) states and split the heads: (batch, heads, seq, head_dim)."""
-        return self._split_heads(project(projection, states).contiguous(), norm)  # unit-stride heads for the kernels
+        return self._split_heads(projection(states), norm)
+
+    def query_key_value(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(batch, seq, hidden) -> the query, key and value projections, each (batch, seq, heads * head_dim).
+
+        A method of its own so that `generate()` can read the three weights as one for the length of a call
+        (`decoding_minitx.set_decode_layout`); the three maps are the same either way.
+        """
+        return self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
 
     def forward(
         self,
@@ -180,7 +187,7 @@ class MiniTxAttention(nn.Module):
             query = self._heads(self.q_proj, hidden_states, self.q_norm)  # (batch, heads, q_len, head_dim)
             key, value = self._cross_key_value(key_value_states, cache)
         else:
-            query, key, value = project_query_key_value(self, hidden_states)  # each (batch, q_len, heads * head_dim)
+            query, key, value = self.query_key_value(hidden_states)  # each (batch, q_len, heads * head_dim)
             query, key = self._split_heads(query, self.q_norm), self._split_heads(key, self.k_norm)
             value = self._split_heads(value)  # query (batch, heads, q_len, head_dim), key and value with kv_heads
             if position_embeddings is not None:
@@ -191,12 +198,13 @@ class MiniTxAttention(nn.Module):
                 key, value = self_cache.update(key, value, self.layer_idx)  # (batch, kv_heads, kv_len, head_dim)
 
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        output, weights = attend_in_full_precision_on_cpu(  # bf16 attention backward is slow on a CPU
-            attention, self, query, key, value, attention_mask,
+        attention = float32_under_cpu_autocast(attention, query)  # bf16 attention backward is slow on a CPU
+        output, weights = attention(
+            self, query, key, value, attention_mask,
             scaling=self.scaling, dropout=self.config.attention_dropout if self.training else 0.0,
         )
         output = output.reshape(batch, q_len, -1)  # (batch, q_len, heads * head_dim)
-        return project(self.o_proj, output), weights
+        return self.o_proj(output), weights
 
     def _cross_key_value(
         self, encoder_states: torch.Tensor, cache: Cache | None
@@ -235,28 +243,33 @@ class MiniTxMLP(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """(batch, seq, hidden) -> (batch, seq, hidden)."""
         if self.gated:
-            inner = self.act(project(self.gate_proj, hidden_states)) * project(self.fc1, hidden_states)
+            inner = self.act(self.gate_proj(hidden_states)) * self.fc1(hidden_states)
         else:
-            inner = self.act(project(self.fc1, hidden_states))  # (batch, seq, intermediate)
-        return project(self.fc2, inner)
+            inner = self.act(self.fc1(hidden_states))  # (batch, seq, intermediate)
+        return self.fc2(inner)
 
 
 class MiniTxLayerBase(GradientCheckpointingLayer):
-    """Residual + norm around a sub-layer, pre-LN (x + f(LN(x))) or post-LN (LN(x + f(x)))."""
+    """Residual + norm around each sub-layer, pre-LN (x + f(LN(x))) or post-LN (LN(x + f(x))).
+
+    A layer's forward reads as the paper's sub-layer: `norm_input`, the sub-layer, then `add_residual`.
+    """
 
     def __init__(self, config: MiniTxConfig):
         super().__init__()
         self.pre_norm = config.norm_position == "pre"
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def sublayer(self, hidden_states: torch.Tensor, norm: nn.Module, fn: Callable) -> tuple[torch.Tensor, object]:
-        """Apply `fn` (returning an output or an (output, extra) pair) with residual and norm; return (states, extra)."""
-        out = fn(norm(hidden_states) if self.pre_norm else hidden_states)
-        out, extra = out if isinstance(out, tuple) else (out, None)
+    def norm_input(self, hidden_states: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """The sub-layer's input: LN(x) with pre-LN, x itself with post-LN."""
+        return norm(hidden_states) if self.pre_norm else hidden_states
+
+    def add_residual(self, residual: torch.Tensor, output: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """x + dropout(f(...)), then LN of the sum with post-LN."""
         if self.training:  # dropout is the identity at inference: skip its call on every decoded token
-            out = self.dropout(out)
-        hidden_states = hidden_states + out
-        return (hidden_states if self.pre_norm else norm(hidden_states)), extra
+            output = self.dropout(output)
+        hidden_states = residual + output
+        return hidden_states if self.pre_norm else norm(hidden_states)
 
 
 class MiniTxEncoderLayer(MiniTxLayerBase):
@@ -276,11 +289,11 @@ class MiniTxEncoderLayer(MiniTxLayerBase):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(batch, seq, hidden) -> (batch, seq, hidden), and the self-attention weights (eager only)."""
-        hidden_states, weights = self.sublayer(
-            hidden_states, self.self_attn_layer_norm,
-            lambda x: self.self_attn(x, attention_mask, position_embeddings),
-        )
-        hidden_states, _ = self.sublayer(hidden_states, self.mlp_layer_norm, self.mlp)
+        attended, weights = self.self_attn(
+            self.norm_input(hidden_states, self.self_attn_layer_norm), attention_mask, position_embeddings)
+        hidden_states = self.add_residual(hidden_states, attended, self.self_attn_layer_norm)
+        hidden_states = self.add_residual(
+            hidden_states, self.mlp(self.norm_input(hidden_states, self.mlp_layer_norm)), self.mlp_layer_norm)
         return hidden_states, weights
 
 
@@ -307,19 +320,18 @@ class MiniTxDecoderLayer(MiniTxLayerBase):
         cache: Cache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(batch, q_len, hidden) -> (batch, q_len, hidden), self-attention and cross-attention weights."""
-        hidden_states, self_weights = self.sublayer(
-            hidden_states, self.self_attn_layer_norm,
-            lambda x: self.self_attn(x, attention_mask, position_embeddings, cache=cache),
-        )
+        attended, self_weights = self.self_attn(
+            self.norm_input(hidden_states, self.self_attn_layer_norm), attention_mask, position_embeddings,
+            cache=cache)
+        hidden_states = self.add_residual(hidden_states, attended, self.self_attn_layer_norm)
         cross_weights = None
         if encoder_hidden_states is not None:
-            hidden_states, cross_weights = self.sublayer(
-                hidden_states, self.cross_attn_layer_norm,
-                lambda x: self.cross_attn(
-                    x, encoder_attention_mask, key_value_states=encoder_hidden_states, cache=cache
-                ),
-            )
-        hidden_states, _ = self.sublayer(hidden_states, self.mlp_layer_norm, self.mlp)
+            attended, cross_weights = self.cross_attn(
+                self.norm_input(hidden_states, self.cross_attn_layer_norm), encoder_attention_mask,
+                key_value_states=encoder_hidden_states, cache=cache)
+            hidden_states = self.add_residual(hidden_states, attended, self.cross_attn_layer_norm)
+        hidden_states = self.add_residual(
+            hidden_states, self.mlp(self.norm_input(hidden_states, self.mlp_layer_norm)), self.mlp_layer_norm)
         return hidden_states, self_weights, cross_weights
 
 

@@ -24,13 +24,15 @@ from transformers.utils import logging
 
 from .attention_minitx import cross_attention_mask, self_attention_mask
 from .configuration_minitx import IGNORE_INDEX, MiniTxConfig
+# The heads import the decoding machinery at the top, not inside generate(): generate(), its input preparation
+# and the stack's decode-step padding all use it, and it imports only the layers (never this file), so nothing
+# cycles; the layers themselves know nothing of it.
 from .decoding_minitx import (
     CACHE_NAME,
     cache_argument,
     decode_step_inputs,
     decode_step_padding,
     generate_in_decode_layout,
-    project,
     remember_padding,
 )
 from .layers_minitx import MiniTxDecoderLayer, MiniTxEncoderLayer, MiniTxRMSNorm, make_norm
@@ -259,7 +261,8 @@ class MiniTxStack(nn.Module):
 
         hidden_states = inputs_embeds
         # absolute positions are added here; rotary ones come back as cos/sin for the attention layers
-        hidden_states, position_embeddings = getattr(self, self.positions_attribute).apply(hidden_states, position_ids)
+        hidden_states, position_embeddings = getattr(self, self.positions_attribute).add_positions(
+            hidden_states, position_ids)
         hidden_states = self.dropout(hidden_states)
 
         mask = self_attention_mask(attention_mask, q_len, past_len, kv_len, causal=self.is_decoder,
@@ -444,7 +447,7 @@ class MiniTxLMHeadMixin:
 
     def output_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """(batch, seq, hidden) -> (batch, seq, vocab): `lm_head`, then c * tanh(logits / c) with a soft cap c."""
-        logits = project(self.lm_head, hidden_states)  # (batch, seq, vocab)
+        logits = self.lm_head(hidden_states)  # (batch, seq, vocab)
         cap = self.config.final_logit_softcap
         return logits if cap is None else cap * torch.tanh(logits / cap)
 

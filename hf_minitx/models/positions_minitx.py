@@ -46,7 +46,7 @@ class MiniTxPositionalEmbedding(nn.Module):
         """(batch | 1, seq) position ids -> (batch | 1, seq, hidden) position vectors."""
         return nn.functional.embedding(position_ids, self.weight)
 
-    def apply(self, hidden_states: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def add_positions(self, hidden_states: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, None]:
         """Add the position vectors to (batch, seq, hidden) embeddings; nothing for the attention layers."""
         return hidden_states + self(position_ids).to(hidden_states.dtype), None
 
@@ -68,7 +68,7 @@ class MiniTxRotaryEmbedding(nn.Module):
         angles = torch.cat((angles, angles), dim=-1)[:, None]  # (batch, 1, seq, head_dim)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def apply(
+    def add_positions(
         self, hidden_states: torch.Tensor, position_ids: torch.Tensor
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Leave the embeddings as they are; give the attention layers cos/sin to rotate queries and keys."""
@@ -83,7 +83,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 # The one seam of position encodings: config.position_embedding_type -> module. Each module has `attribute`
-# (where the stack keeps it) and `apply(hidden_states, position_ids) -> (hidden_states, position_embeddings)`.
+# (where the stack keeps it) and `add_positions(hidden_states, position_ids) -> (hidden_states, position_embeddings)`.
 POSITION_ENCODINGS: dict[str, type[nn.Module]] = {
     "sinusoidal": MiniTxPositionalEmbedding,
     "learned": MiniTxPositionalEmbedding,

@@ -13,8 +13,9 @@ from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderC
 from hf_minitx.models import decoding_minitx, modeling_minitx
 from hf_minitx.models.decoding_minitx import (
     CACHE_NAME,
+    DECODE_STEPS,
     MiniTxGrowingLayer,
-    project,
+    decode_copy,
     project_with,
     set_decode_layout,
 )
@@ -82,7 +83,7 @@ def test_a_cache_handed_back_by_generate_is_checked_again():
     ids = random_ids(1, 5)
     out = model.generate(ids, max_new_tokens=3, min_new_tokens=3, return_dict_in_generate=True, **GREEDY)
     cache = getattr(out, CACHE_NAME)
-    assert not hasattr(cache, "_minitx_padding") and not hasattr(cache, "_minitx_generating")
+    assert cache not in DECODE_STEPS and not hasattr(cache, "_minitx_padding")  # no decode-step state kept
     full = out.sequences[:, :-1]  # every token the cache holds, then one new one
     new = out.sequences[:, -1:]
     mask = torch.ones(1, full.size(1) + 1, dtype=torch.long)
@@ -163,13 +164,14 @@ def test_qkv_fusion_lasts_one_generate_call_and_leaves_weights_and_hooks_alone(b
     attention = model.model.decoder.layers[0].self_attn
     keys = list(model.state_dict())
     seen = []
-    attention.o_proj.register_forward_hook(lambda *_: seen.append("fused_qkv" in vars(attention)))
+    attention.o_proj.register_forward_hook(lambda *_: seen.append(decode_copy(attention) is not None))
     ids = random_ids(1, 4)
     model.generate(ids, max_new_tokens=3, min_new_tokens=3, **GREEDY)
     assert seen and all(seen)  # fused during generate()
-    assert "fused_qkv" not in vars(attention) and list(model.state_dict()) == keys  # and gone after, nothing saved
+    assert decode_copy(attention) is None and list(model.state_dict()) == keys  # and gone after, nothing saved
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    assert not any("generation_weight" in vars(m) for m in linears)  # no decode copy outlives the call
+    assert not any("forward" in vars(m) for m in linears + [attention])  # no decode forward outlives the call
+    assert "query_key_value" not in vars(attention)
     seen.clear()
     model(ids, decoder_input_ids=ids) if model.config.is_encoder_decoder else model(ids)
     assert seen == [False]  # a plain forward (training, evaluation) uses the three projections
@@ -187,7 +189,7 @@ def test_a_short_generate_call_reads_the_weights_as_stored(build, monkeypatch):
     monkeypatch.setattr(decoding_minitx, "DECODE_LAYOUT_MIN_NEW_TOKENS", DECODE_LAYOUT_MIN_NEW_TOKENS)
     model = build()
     seen = []  # whether the head has its decode copy, at every decoder forward (a hooked linear gets none)
-    model.model.decoder.register_forward_hook(lambda *_: seen.append("generation_weight" in vars(model.lm_head)))
+    model.model.decoder.register_forward_hook(lambda *_: seen.append(decode_copy(model.lm_head) is not None))
     ids = random_ids(1, 4)
     short, long = DECODE_LAYOUT_MIN_NEW_TOKENS - 1, DECODE_LAYOUT_MIN_NEW_TOKENS
     few = model.generate(ids, max_new_tokens=short, min_new_tokens=short, **GREEDY)
@@ -203,7 +205,7 @@ def test_single_row_copies_come_in_one_part_per_thread_except_for_a_static_cache
     model = tiny_causal()
     parts = []
     model.model.decoder.register_forward_hook(
-        lambda *_: parts.append(vars(model.lm_head)["generation_weight"].by_input.shape[0]))
+        lambda *_: parts.append(decode_copy(model.lm_head).by_input.shape[0]))
     ids = random_ids(1, 4)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -237,7 +239,7 @@ def test_generation_weights_compute_the_linear_maps_in_the_layout_decoding_reads
         states = torch.randn(3, 2, model.config.hidden_size)
         with torch.no_grad():
             for linear in (attention.o_proj, mlp.fc1, mlp.fc2, model.lm_head):
-                copy = vars(linear)["generation_weight"]
+                copy = decode_copy(linear)
                 wide = linear.out_features >= linear.in_features
                 assert (copy.by_input is not None) == wide
                 if wide:
@@ -245,17 +247,25 @@ def test_generation_weights_compute_the_linear_maps_in_the_layout_decoding_reads
                 assert copy.weight.data_ptr() == linear.weight.data_ptr()  # as stored: not copied
                 for rows in ((3, 2), (1, 1)):  # weight @ states^T for several rows, the (in, out) copy for one
                     inputs = torch.randn(*rows, linear.in_features)
-                    torch.testing.assert_close(project(linear, inputs), linear(inputs))
-            fused = vars(attention)["fused_qkv"]
+                    expected = torch.nn.functional.linear(inputs, linear.weight, linear.bias)
+                    torch.testing.assert_close(linear(inputs), expected)  # the module's call, through the copy
+            fused = decode_copy(attention)
+            torch.testing.assert_close(torch.cat(attention.query_key_value(states), -1), torch.cat(
+                [nn_linear(p, states) for p in (attention.q_proj, attention.k_proj, attention.v_proj)], -1))
             expected = torch.cat([attention.q_proj(states), attention.k_proj(states), attention.v_proj(states)], -1)
             torch.testing.assert_close(project_with(fused, states), expected)
             torch.testing.assert_close(project_with(fused, states[:1, :1]), expected[:1, :1])
         calls = []
         mlp.fc1.register_forward_hook(lambda *_: calls.append(1))
-        project(mlp.fc1, states)  # with grad (training): the module itself, hooks and all
+        mlp.fc1(states)  # with grad (training): the module's own forward, hooks and all
         assert calls == [1]
     finally:
         set_decode_layout(model, False)
+
+
+def nn_linear(linear: torch.nn.Linear, states: torch.Tensor) -> torch.Tensor:
+    """The linear map as stored, whatever forward the module has now."""
+    return torch.nn.functional.linear(states, linear.weight, linear.bias)
 
 
 def random_heads(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,7 @@ from conftest import DECODE_LAYOUT_MIN_NEW_TOKENS, PERIOD, tiny_causal, train_on
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from hf_minitx.models import decoding_minitx
-from hf_minitx.models.decoding_minitx import decode_layout_applies, fuse_attention, project_query_key_value
+from hf_minitx.models.decoding_minitx import decode_copy, decode_layout_applies, fuse_attention
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None, max_new_tokens=20, min_new_tokens=20)
 
@@ -40,11 +40,10 @@ class CopiesSeen(LogitsProcessor):
 
     def __call__(self, input_ids, scores):
         for module in self.model.modules():
-            for name in ("generation_weight", "fused_qkv"):
-                copy = module.__dict__.get(name)
-                if copy is not None:
-                    self.seen.add(copy.weight.dtype)
-                    self.holders.add(module)
+            copy = decode_copy(module)
+            if copy is not None:
+                self.seen.add(copy.weight.dtype)
+                self.holders.add(module)
         return scores
 
 
@@ -108,14 +107,14 @@ def test_int8_copies_compute_what_torchao_computes(pattern_model):
         expected = [linear(states) for linear in (attention.q_proj, attention.k_proj, attention.v_proj)]
         fuse_attention(attention, True)
         try:
-            assert attention.__dict__["fused_qkv"].weight.dtype == torch.int8
+            assert decode_copy(attention).weight.dtype == torch.int8
             for rows in (states, states[:1, :1]):
-                got = project_query_key_value(attention, rows)
+                got = attention.query_key_value(rows)
                 for g, e in zip(got, expected, strict=True):
                     torch.testing.assert_close(g, e[:rows.shape[0], :rows.shape[1]], rtol=2e-2, atol=2e-2)
         finally:
             fuse_attention(attention, False)
-    assert "fused_qkv" not in vars(attention)
+    assert decode_copy(attention) is None and "query_key_value" not in vars(attention)
 
 
 def test_int8_weights_of_an_odd_input_width_keep_torchao_call(tmp_path):
