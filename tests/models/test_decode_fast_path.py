@@ -311,3 +311,21 @@ def test_generate_decodes_into_growing_cache_layers_with_the_tokens_of_concatena
     assert torch.equal(concatenated.sequences, out.sequences)
     beams = dict(attention_mask=mask, max_new_tokens=5, num_beams=3, **GREEDY)
     assert torch.equal(model.generate(ids, **beams), model.generate(ids, use_cache=False, **beams))
+
+
+def test_decode_step_state_lives_in_the_decoding_file_not_on_the_cache():
+    """While generate() runs, the prompt's padding flags are held by `DECODE_STEPS`; the cache carries no
+    attribute of ours, and the entry is gone after the call."""
+    model = tiny_causal()
+    seen = []
+
+    def look(module, args, kwargs, output):
+        cache = kwargs["cache"]
+        seen.append((DECODE_STEPS.get(cache), sorted(name for name in vars(cache) if "minitx" in name)))
+
+    model.model.decoder.register_forward_hook(look, with_kwargs=True)
+    ids, mask = left_padded()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=3, min_new_tokens=3,
+                         return_dict_in_generate=True, **GREEDY)
+    assert seen == [((True, False), [])] * 3  # left padding found in the prompt, no encoder mask
+    assert getattr(out, CACHE_NAME) not in DECODE_STEPS
