@@ -279,10 +279,22 @@ def _read_args_file(path: Path) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ValueError(f"arguments file {path} must hold a mapping of argument names to values")
     known = {f.name for cls in ARGUMENT_CLASSES for f in fields(cls) if f.init}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"unknown argument(s) {unknown} in {path}; known arguments: {sorted(known)}")
+    check_known(values, known, f"arguments file {path}")
     return typed_values(values, f"arguments file {path}")
+
+
+def check_known(values: dict[str, Any], known: set[str], where: str, kind: str = "argument") -> None:
+    """Refuse names of ``values`` that are not in ``known``, naming for each the argument it resembles (a typo such
+    as ``max_stepz``), else pointing at the full list rather than printing its seventy names in the line."""
+    unknown = sorted(set(values) - known)
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    raise ValueError(f"{where}: unknown {kind}{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
+                     "`minitx train --help` lists them (without the leading --)")
 
 
 def typed_values(values: dict[str, Any], where: str) -> dict[str, Any]:
@@ -403,9 +415,7 @@ def preset_training(preset: str) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ValueError(f"preset {preset}: {PRESET_TRAINING!r} must be a JSON object of training arguments")
     known = {f.name for cls in ARGUMENT_CLASSES for f in fields(cls) if f.init} - {"preset", "config_overrides"}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"preset {preset}: unknown training argument(s) {unknown}; known: {sorted(known)}")
+    check_known(values, known, f"preset {preset}", kind="training argument")
     return typed_values(values, f"preset {preset}")
 
 

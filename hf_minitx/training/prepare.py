@@ -291,8 +291,9 @@ def check_data_arguments(config: MiniTxConfig, data_args: DataArguments) -> None
                 f"lower it, or raise the limit with --config_overrides max_position_embeddings={value}"
             )
     if data_args.tokenizer and not Path(data_args.tokenizer).is_dir():
+        how = "is not a folder" if Path(data_args.tokenizer).exists() else "does not exist"
         raise FileNotFoundError(
-            f"--tokenizer {data_args.tokenizer} is not a folder; give a saved tokenizer folder (e.g. tokenizer/) "
+            f"--tokenizer {data_args.tokenizer} {how}; give a saved tokenizer folder (e.g. tokenizer/) "
             "or leave it out to train one on the corpus"
         )
     if data_args.task == "seq2seq":

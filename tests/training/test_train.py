@@ -358,6 +358,15 @@ def test_args_file_with_an_unknown_key_is_refused(tmp_path):
         parse_training_args([str(args_file)])
 
 
+def test_args_file_typo_names_the_argument_it_resembles_not_all_seventy(tmp_path):
+    args_file = tmp_path / "run.json"
+    args_file.write_text(json.dumps({"max_stepz": 3}))
+    with pytest.raises(ValueError) as error:
+        parse_training_args([str(args_file)])
+    assert "'max_stepz' (did you mean 'max_steps'?)" in str(error.value)
+    assert "adam_beta1" not in str(error.value)  # not the whole list of arguments
+
+
 def test_unknown_preset_lists_the_available_ones(tmp_path):
     with pytest.raises(ValueError, match=r"unknown preset 'huge'(.|\n)*gpt2-small(.|\n)*tiny"):
         main(["--preset", "huge", "--output_dir", str(tmp_path / "x")])
@@ -380,6 +389,16 @@ def test_seq2seq_task_on_a_text_corpus_is_refused(tmp_path, text_file):
 def test_block_size_beyond_the_position_table_is_refused(tmp_path):
     with pytest.raises(ValueError, match="block_size 512 is larger than the model's max_position_embeddings"):
         main(["--preset", "tiny", "--block_size", "512", "--output_dir", str(tmp_path / "x")])
+
+
+def test_a_tokenizer_path_that_does_not_exist_is_said_so(tmp_path, text_file):
+    with pytest.raises(FileNotFoundError, match="--tokenizer .*nope does not exist; give a saved tokenizer folder"):
+        main(["--preset", "tiny", "--dataset", str(text_file), "--tokenizer", str(tmp_path / "nope"),
+              "--output_dir", str(tmp_path / "x")])
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="tokenizer.json is not a folder"):
+        main(["--preset", "tiny", "--dataset", str(text_file), "--tokenizer", str(tmp_path / "tokenizer.json"),
+              "--output_dir", str(tmp_path / "y")])
 
 
 @pytest.fixture
