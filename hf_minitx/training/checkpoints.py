@@ -218,8 +218,8 @@ def check_compatible(checkpoint: Path, stored: dict[str, Any], expected: dict[st
         if key == INPUT_FILES or (key in (*SPLIT_FIELDS, RECIPE) and key not in stored):
             continue  # compared by check_same_inputs; fields of checkpoints older than their recording
         old = stored.get(key)
-        if key == "dataset" and isinstance(old, str) and dataset_key(old) == value:
-            continue  # the same files named another way (./corpus.txt, its absolute path)
+        if key == "dataset" and isinstance(old, str) and (dataset_key(old) == value or _all_moved(stored, expected)):
+            continue  # the same files named another way (./corpus.txt, its absolute path), or moved whole
         if isinstance(old, dict) and isinstance(value, dict):
             before = RECORDED_SINCE if key == RECIPE else {}
             for sub in sorted(set(old) | set(value)):
@@ -243,6 +243,34 @@ RECIPE = "recipe"  # run identity key: the optimizer, its rates and decays, the 
 RECORDED_SINCE = {"late_dropout": 0.0}  # recipe fields older checkpoints lack: what those runs trained with
 
 
+def _recorded_inputs(stored: dict[str, Any]) -> dict[str, str]:
+    """The checkpoint's {real path: fingerprint} of its local inputs (older checkpoints kept paths as given)."""
+    old = stored.get(INPUT_FILES)
+    return {os.path.realpath(path): value for path, value in old.items()} if isinstance(old, dict) else {}
+
+
+def moved_inputs(stored: dict[str, Any], expected: dict[str, Any]) -> dict[str, str]:
+    """{old path: new path} of the checkpoint's input files that no longer exist where the run read them and are
+    found, with the same size and content fingerprint, at a path this run reads instead (a project folder moved
+    or a corpus renamed): the same input, so a resume goes on with it. A copy beside an original that still
+    exists is another file, and stays refused."""
+    old, new = _recorded_inputs(stored), expected.get(INPUT_FILES) or {}
+    fresh = [path for path in new if path not in old]
+    moves: dict[str, str] = {}
+    for path in (p for p in old if p not in new and not os.path.exists(p)):
+        match = next((q for q in fresh if new[q] == old[path] and q not in moves.values()), None)
+        if match is not None:
+            moves[path] = match
+    return moves
+
+
+def _all_moved(stored: dict[str, Any], expected: dict[str, Any]) -> bool:
+    """Whether this run reads exactly the checkpoint's input files, some of them moved (see ``moved_inputs``)."""
+    moves = moved_inputs(stored, expected)
+    new = expected.get(INPUT_FILES) or {}
+    return bool(moves) and {moves.get(path, path) for path in _recorded_inputs(stored)} == set(new)
+
+
 def check_same_inputs(checkpoint: Path, stored: dict[str, Any], expected: dict[str, Any],
                       accept_edits: bool = False, tokenizer: str | None = None) -> None:
     """Refuse to resume when a local input file (dataset, tokenizer) changed, appeared or vanished since the
@@ -250,10 +278,12 @@ def check_same_inputs(checkpoint: Path, stored: dict[str, Any], expected: dict[s
     ``accept_edits`` a dataset file edited in place (e.g. converted to UTF-8) is accepted; one that appeared or
     vanished never is (it would move text between training and validation), nor is a changed file of the
     ``tokenizer`` folder (another token mapping makes the checkpoint's embeddings meaningless)."""
-    old, new = stored.get(INPUT_FILES), expected.get(INPUT_FILES) or {}
-    if not isinstance(old, dict):
+    if not isinstance(stored.get(INPUT_FILES), dict):
         return
-    old = {os.path.realpath(path): value for path, value in old.items()}  # older checkpoints kept paths as given
+    old, new = _recorded_inputs(stored), expected.get(INPUT_FILES) or {}
+    for before, after in moved_inputs(stored, expected).items():
+        print(f"note: {before} is read from {after} now (the same size and content): the run goes on with it")
+        old[after] = old.pop(before)
     tokenizer_root = os.path.realpath(tokenizer) if tokenizer else None
     for path in sorted(set(old) | set(new)):
         edited = path in old and path in new

@@ -172,3 +172,24 @@ def test_a_streaming_resume_with_another_shuffle_buffer_is_refused_before_resumi
     assert minitx(resume) == 2
     err = error_lines(capsys)
     assert len(err) == 1 and "was streamed by 1 process(es), this launch has 2" in err[0], err
+
+
+def test_a_moved_corpus_resumes_with_a_note_and_a_changed_one_is_still_refused(two_step_run, tmp_path, capsys):
+    project = tmp_path / "project"
+    shutil.copytree(two_step_run.parent, project)
+    run, recorded = project / "run", two_step_run.parent / "corpus.txt"
+    gone = tmp_path / "gone" / "corpus.txt"  # the run as recorded in a folder that was moved away
+    state_file = run / "checkpoint-2" / "run_state.json"
+    state = json.loads(state_file.read_text())
+    state["dataset"], state["input_files"] = str(gone), {str(gone): state["input_files"][str(recorded)]}
+    state_file.write_text(json.dumps(state))
+    edited = tmp_path / "edited.txt"
+    edited.write_text(recorded.read_text() + "one more line\n")
+    before = snapshot(run)
+    assert minitx(resume_args(edited, run)) == 2  # other text at a new path: not a move
+    assert "comes from another configuration (dataset" in error_lines(capsys)[0]
+    assert snapshot(run) == before
+    assert minitx(resume_args(project / "corpus.txt", run)) == 0
+    out = capsys.readouterr().out
+    assert f"note: {gone} is read from {project / 'corpus.txt'} now (the same size and content)" in out
+    assert "resumed from" in out and (run / "checkpoint-4").is_dir()
