@@ -150,10 +150,17 @@ def resumed_budget(args: Any, saved: dict[str, Any], checkpoint: Any) -> None:
     clock's stop (room for a slower restart); a shorter one, or another --max_steps beside it, is refused: it
     would stop the plan before its decay or contradict it. --max_steps or --num_epochs without --max_minutes lay
     the schedule over that length instead, without a clock, said here. A checkpoint saved before its plan was
-    made takes the new budget. ``saved``: the checkpoint's run state (its ``plan_timing``)."""
+    made takes the new budget; a run planned over a number of steps takes none. ``saved``: the checkpoint's run
+    state (its ``plan_timing``)."""
     timing = saved.get("plan_timing") or {}
     recorded, planned = timing.get("budget_minutes"), saved.get("planned_steps")
-    if recorded is None:  # not a timed run
+    if recorded is None:  # not a timed run: its schedule over a number of steps goes on, as a timed one's plan does
+        if args.max_minutes is not None and saved.get("total_steps"):
+            raise ValueError(
+                f"checkpoint {checkpoint} goes on with its schedule over {saved['total_steps']} steps, planned without "
+                f"a time budget; --max_minutes {args.max_minutes:g} would lay it over a timed plan from step "
+                f"{saved.get('step', 0)} on: leave --max_minutes out (with --max_steps N to train another length), "
+                "or start a timed run in another --output_dir")
         return
     plan = f"the plan of {planned} steps" if planned else "a plan not made yet"
     if args.max_minutes is None:

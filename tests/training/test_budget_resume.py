@@ -198,3 +198,15 @@ def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_written(t
     with pytest.raises(ImportError, match=rf"--report_to {tracker}: not installed; pip install {package} "):
         loop.main(causal_args(text_file, out, "--max_steps", "2", "--report_to", f"none,{tracker}"))
     assert not out.exists()
+
+
+def test_a_budget_given_to_the_resume_of_a_run_planned_in_steps_is_refused_before_any_write(text_file, tmp_path):  # noqa: F811
+    out = tmp_path / "run"
+    loop.main(causal_args(text_file, out, "--max_steps", "4", "--checkpointing_steps", "2"))
+    shutil.rmtree(out / "checkpoint-4")
+    before = (out / "metrics.jsonl").read_text()
+    _reset_accelerate()
+    with pytest.raises(ValueError, match=r"checkpoint-2 goes on with its schedule over 4 steps, planned without a time "
+                                         r"budget; --max_minutes 0.2 would lay it over a timed plan from step 2 on"):
+        loop.main(causal_args(text_file, out, "--max_minutes", "0.2", "--resume_from_checkpoint", "latest"))
+    assert (out / "metrics.jsonl").read_text() == before
