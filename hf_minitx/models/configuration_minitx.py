@@ -45,6 +45,13 @@ IGNORE_INDEX = -100  # label value the loss skips (padding, prompt tokens)
 BOOL_FIELDS = ("attention_bias", "scale_embeddings", "tie_word_embeddings", "is_encoder_decoder", "use_cache",
                "qk_norm", "zero_init_head", "zero_init_projections")
 HF_KEYWORDS = ("tie_encoder_decoder",)  # PretrainedConfig keywords that look like one of our fields
+# other architectures' names for our fields (GPT-2, T5/BART, Llama): a keyword of theirs is named with ours
+OTHER_NAMES = {"n_layer": "num_hidden_layers", "num_layers": "num_hidden_layers", "n_head": "num_attention_heads",
+               "num_heads": "num_attention_heads", "n_embd": "hidden_size", "d_model": "hidden_size",
+               "n_inner": "intermediate_size", "d_ff": "intermediate_size", "ffn_dim": "intermediate_size",
+               "n_positions": "max_position_embeddings", "layer_norm_epsilon": "layer_norm_eps",
+               "rms_norm_eps": "layer_norm_eps", "activation_function": "hidden_act", "dropout": "hidden_dropout",
+               "encoder_layers": "num_encoder_layers", "decoder_layers": "num_decoder_layers"}
 FLOAT_FIELDS = ("rope_theta", "hidden_dropout", "attention_dropout", "layer_norm_eps", "initializer_range")
 
 
@@ -162,15 +169,15 @@ class MiniTxConfig(PretrainedConfig):
 
     @classmethod
     def _warn_misspelled(cls, kwargs: dict) -> None:
-        """One warning line for unknown keywords close to one of MiniTx's own fields (``hiden_size``), naming the
-        field each resembles. Like every unknown keyword they are kept as PretrainedConfig keeps them (an extra
+        """One warning line for unknown keywords close to one of MiniTx's own fields (``hiden_size``) or another
+        architecture's name for one (``n_layer``), naming the field each stands for. Like every unknown keyword they are kept as PretrainedConfig keeps them (an extra
         attribute that round-trips through config.json) but change nothing in the model."""
         ours = list(cls.__annotations__)
         hints = []
         for key in kwargs:
             if key in ours or key.startswith("_") or key.endswith("_token_id") or key in HF_KEYWORDS:
                 continue
-            close = difflib.get_close_matches(key, ours, n=1, cutoff=0.8)
+            close = [OTHER_NAMES[key]] if key in OTHER_NAMES else difflib.get_close_matches(key, ours, n=1, cutoff=0.8)
             if close:
                 hints.append(f"{key!r} (did you mean {close[0]!r}?)")
         if hints:

@@ -24,6 +24,7 @@ from transformers.utils import logging
 
 from .attention_minitx import cross_attention_mask, self_attention_mask
 from .configuration_minitx import IGNORE_INDEX, MiniTxConfig
+
 # The heads import the decoding machinery at the top, not inside generate(): generate(), its input preparation
 # and the stack's decode-step padding all use it, and it imports only the layers (never this file), so nothing
 # cycles; the layers themselves know nothing of it.

@@ -82,6 +82,16 @@ def test_a_near_miss_keyword_is_kept_with_one_warning_naming_the_field(tmp_path)
     assert (loaded.hiden_size, loaded.layer_norm_epsilon, loaded.foo) == (32, 1.0, 3)
 
 
+def test_another_architectures_names_are_warned_about_with_ours():
+    with mock.patch.object(configuration_minitx.logger, "warning") as warn:
+        config = MiniTxConfig(n_layer=2, num_layers=3, n_head=8, d_model=64)
+    (line,) = [call[0][0] for call in warn.call_args_list]
+    for theirs, ours in (("n_layer", "num_hidden_layers"), ("num_layers", "num_hidden_layers"),
+                         ("n_head", "num_attention_heads"), ("d_model", "hidden_size")):
+        assert f"{theirs!r} (did you mean {ours!r}?)" in line
+    assert (config.num_hidden_layers, config.n_layer) == (4, 2)  # kept as given, not applied
+
+
 @pytest.mark.parametrize("seq2seq", [False, True], ids=["causal", "seq2seq"])
 def test_extra_keys_round_trip_through_json_and_folders(tmp_path, seq2seq):
     config = MiniTxConfig(hidden_size=48, num_attention_heads=6, is_encoder_decoder=seq2seq, hidden_sizes=[64])
