@@ -16,6 +16,7 @@ remembered padding of a decode step (`decode_step_padding`, `remember_padding`).
 - The growing cache: each step writes its keys and values in place instead of concatenating the whole cache.
 """
 
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import NamedTuple
@@ -37,11 +38,14 @@ DECODE_LAYOUT_MIN_NEW_TOKENS = 16
 
 
 def cache_argument(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:
-    """The cache a caller passed as `cache` or, by its name before transformers 5.24, as `past_key_values`."""
+    """The cache a caller passed as `cache` or, by its name before transformers 5.24, as `past_key_values`
+    (where `cache` is the name, the old one gets the FutureWarning transformers' own models give)."""
     if past_key_values is None:
         return cache
     if cache is not None:
         raise ValueError("Pass the cache once: as `cache` or as `past_key_values` (its former name), not both.")
+    if CACHE_NAME == "cache":
+        warnings.warn("`past_key_values` is deprecated: pass the cache as `cache`.", FutureWarning, stacklevel=3)
     return past_key_values
 
 

@@ -1,5 +1,7 @@
 """Forward-pass parity of the models: eager vs sdpa, batched vs single, cached vs full, losses, checkpointing."""
 
+import warnings
+
 import pytest
 import torch
 from conftest import ALL_OPTIONS, random_ids, tiny_causal, tiny_seq2seq
@@ -93,7 +95,13 @@ def test_the_cache_goes_by_either_name_and_comes_back_under_the_installed_one(bu
             step_ids["input_ids"] = source
         return model(**step_ids, use_cache=True, **{next(iter(name)): cache}).logits
 
-    torch.testing.assert_close(first_then_step(cache=1), first_then_step(past_key_values=1))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        old_name = first_then_step(past_key_values=1)
+    torch.testing.assert_close(first_then_step(cache=1), old_name)
+    deprecated = [w for w in said if issubclass(w.category, FutureWarning) and "`past_key_values` is deprecated" in
+                  str(w.message)]
+    assert len(deprecated) == (1 if CACHE_NAME == "cache" else 0)  # the old name is warned about where it is old
     cache = getattr(model(source, use_cache=True, **extra), CACHE_NAME)
     step = {"decoder_input_ids": ids[:, 6:], "input_ids": source} if extra else {"input_ids": ids[:, 6:]}
     with pytest.raises(ValueError, match="not both"):

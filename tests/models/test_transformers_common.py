@@ -173,10 +173,6 @@ class MiniTxCommonTests(ModelTesterMixin):
     def test_config(self):
         self.config_tester.run_common_tests()
 
-    @unittest.expectedFailure  # a gap: `past_key_values` (the cache's former name) is taken without the
-    def test_bc_cache_name_forward(self):  # deprecation warning transformers' own models give for it
-        super().test_bc_cache_name_forward()
-
     @unittest.skip(reason="transformers' generation test mixin is not part of the sdist; MiniTx's generate() "
                           "contracts are covered by tests/models/test_generation.py and its neighbours")
     def test_generation_tester_mixin_inheritance(self):
