@@ -426,14 +426,14 @@ def _remove_empty(folder: Path, made: Path | None) -> None:
 
 
 @contextmanager
-def output_folder(path: str | Path, *, writer: str, option: str = "--output_dir", **checks: Any) -> Iterator[Path]:
-    """The one way a command writes a folder: ``check_output_folder`` (``checks`` are its options), then the
+def output_folder(path: str | Path, *, command: str, option: str = "--output_dir", **checks: Any) -> Iterator[Path]:
+    """The one way `minitx COMMAND` writes a folder: ``check_output_folder`` (``checks`` are its other options), the
     folder's lock for the whole write (``holding_lock``: taken before any work, as `train` takes it), and the checks
     again under the lock, so that what another writer finished meanwhile is seen. Yields the resolved folder, to
     be written with ``write_folder``."""
-    folder = check_output_folder(path, option=option, **checks)
-    with holding_lock(folder, command=writer, option=option):
-        check_output_folder(folder, option=option, **checks)
+    folder = check_output_folder(path, option=option, command=command, **checks)
+    with holding_lock(folder, command=command, option=option):
+        check_output_folder(folder, option=option, command=command, **checks)
         yield folder
 
 

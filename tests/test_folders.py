@@ -132,7 +132,7 @@ def test_a_second_writer_is_refused_naming_the_first_and_nothing_is_written(tmp_
     folder = tmp_path / "out"
     with another_writer(folder / LOCK_FILE, pid=4242, host="box", command="export"):
         with pytest.raises(FolderRefused) as refused:
-            with output_folder(folder, writer="train-tokenizer", flag="--overwrite", overwrite=False):
+            with output_folder(folder, command="train-tokenizer", flag="--overwrite", overwrite=False):
                 raise AssertionError("not reached")
         assert str(refused.value) == (f"--output_dir {folder} is being written by `minitx export` (pid 4242 on box, "
                                       f"lock {LOCK_FILE}); wait for it to finish or stop it, or choose another "
@@ -145,14 +145,14 @@ def test_a_second_writer_is_refused_naming_the_first_and_nothing_is_written(tmp_
 
 def test_the_lock_is_held_through_the_write_and_released_after(tmp_path):
     folder = tmp_path / "new" / "out"
-    with output_folder(folder, writer="export", flag="--overwrite", overwrite=False) as claimed:
+    with output_folder(folder, command="export", flag="--overwrite", overwrite=False) as claimed:
         write_folder(claimed, lambda fresh: (fresh / "model.safetensors").write_text("complete"))
         with pytest.raises(BlockingIOError):  # after the new folder took the old one's place: still held there
             with another_writer(folder / LOCK_FILE):
                 pass
         assert json.loads((folder / LOCK_FILE).read_text())["pid"] == os.getpid()
     assert sorted(os.listdir(folder)) == ["model.safetensors"]  # the lock is gone with the writer
-    with output_folder(folder, writer="export", flag="--overwrite", overwrite=True, command=None) as claimed:
+    with output_folder(folder, command="export", flag="--overwrite", overwrite=True) as claimed:
         write_folder(claimed, lambda fresh: (fresh / "model.safetensors").write_text("replaced"))
         assert sorted(os.listdir(folder)) == [LOCK_FILE, "model.safetensors"]
     assert (folder / "model.safetensors").read_text() == "replaced" and sorted(os.listdir(tmp_path / "new")) == ["out"]
@@ -162,7 +162,7 @@ def test_a_write_that_fails_removes_the_folders_made_for_its_lock(tmp_path):
     (tmp_path / "kept").mkdir()
     for folder in (tmp_path / "a" / "b" / "out", tmp_path / "kept"):
         with pytest.raises(ValueError, match="a bug"):
-            with output_folder(folder, writer="export", flag=None, overwrite=False):
+            with output_folder(folder, command="export", flag=None, overwrite=False):
                 raise ValueError("a bug")
     assert sorted(os.listdir(tmp_path)) == ["kept"] and os.listdir(tmp_path / "kept") == []
 
@@ -179,7 +179,7 @@ def test_what_another_writer_finished_before_the_lock_was_taken_is_seen(tmp_path
 
     monkeypatch.setattr(folders, "check_output_folder", check_then_the_other_writer_finishes)
     with pytest.raises(FolderRefused, match="already holds a run of `minitx export`"):
-        with output_folder(folder, writer="export", flag="--overwrite", overwrite=False):
+        with output_folder(folder, command="export", flag="--overwrite", overwrite=False):
             raise AssertionError("not reached")
     assert os.listdir(folder) == [RUN_MARKER]
 

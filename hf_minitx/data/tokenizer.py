@@ -275,8 +275,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
         "Train hf_minitx's byte-level BPE on a corpus and save it as a stock transformers tokenizer folder "
         "(loads with AutoTokenizer.from_pretrained, no custom code)."))
     check_tokenizer_arguments(args)
-    with output_folder(args.output_dir, writer="train-tokenizer", flag="--overwrite", overwrite=args.overwrite,
-                       inputs=[("--dataset", path) for path in local_inputs(args.dataset)], command="train-tokenizer",
+    with output_folder(args.output_dir, command="train-tokenizer", flag="--overwrite", overwrite=args.overwrite,
+                       inputs=[("--dataset", path) for path in local_inputs(args.dataset)],
                        any_flag="--overwrite_any_folder", overwrite_any=args.overwrite_any_folder) as output_dir:
         print(_train_and_save(args, output_dir))  # the folder's lock is held from before the corpus is read
     return output_dir

@@ -297,8 +297,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
         "Export a decoder-only hf_minitx model to a stock transformers architecture (loads without "
         "trust_remote_code) or to a GGUF file (llama.cpp, Ollama)."))
     check_export_arguments(args)
-    with output_folder(args.output_dir, writer="export", flag="--overwrite", overwrite=args.overwrite,
-                       inputs=[("--model", args.model)], command="export") as output_dir:  # held to the end
+    with output_folder(args.output_dir, command="export", flag="--overwrite", overwrite=args.overwrite,
+                       inputs=[("--model", args.model)]) as output_dir:  # held to the end
         model, tokenizer = load_model_folder(args.model, device="cpu", dtype=torch.float32)
         refuse_quantized(model, args.model)
         write_folder(output_dir, _saver(model, tokenizer, args.model, args))

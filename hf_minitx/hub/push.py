@@ -131,7 +131,7 @@ def stage_for_upload(
     staging = Path(staging_dir)
     if staging.resolve() == info.path.resolve():
         raise ValueError("the staging folder must differ from the model folder.")
-    with output_folder(staging, writer="push", flag=None, overwrite=False, option="staging folder") as folder:
+    with output_folder(staging, command="push", flag=None, overwrite=False, option="staging folder") as folder:
         return write_folder(folder, lambda fresh: _stage(info, fresh, repo_id=repo_id, license=license, explorer=page))
 
 
@@ -276,7 +276,7 @@ def dry_run(
         check_repo_id(repo_id)
     if prompt is not None and not prompt.strip():
         raise ValueError("--prompt is empty; give a few words for the generation check, or leave --prompt out")
-    with output_folder(staging_dir, writer="push", flag=None, overwrite=False, option="--dry_run") as folder:
+    with output_folder(staging_dir, command="push", flag=None, overwrite=False, option="--dry_run") as folder:
         staging = stage_for_upload(model_dir, folder, repo_id=repo_id, explorer=explorer)  # lock held to the end
         return staging, check_loads_without_package(staging, prompt=prompt, max_new_tokens=max_new_tokens)
 
