@@ -552,23 +552,6 @@ def check_labels(
     return used
 
 
-def token_cross_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0, reduction: str = "mean"
-) -> torch.Tensor:
-    """Cross-entropy of labelled positions; labels equal to IGNORE_INDEX (padding) are left out.
-
-    logits (batch, seq, vocab) and labels (batch, seq) are already aligned (logits[t] predicts labels[t]).
-    ``reduction``: "mean" over labelled tokens (a scalar), "sum" (a scalar), or "none" (batch, seq) with 0
-    at ignored positions. The package's one cross-entropy: the heads and the trainer both call it.
-    """
-    flat_logits = logits.float().reshape(-1, logits.size(-1))  # (batch * seq, vocab)
-    losses = nn.functional.cross_entropy(
-        flat_logits, labels.reshape(-1), ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing,  # (batch * seq,)
-        reduction=reduction,
-    )
-    return losses.reshape(labels.shape) if reduction == "none" else losses  # (batch, seq) or scalar
-
-
 class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixin):
     """Decoder-only language model: next-token logits over the vocabulary."""
 

@@ -166,7 +166,8 @@ class ToyTaskEvaluation:
 
     def __call__(self, model: torch.nn.Module, accelerator: Accelerator) -> tuple[dict[str, float], list[dict]]:
         batch = {key: value.to(accelerator.device) for key, value in self.batch.items()}
-        metrics = evaluate_loss(model, [dict(batch)], accelerator, shift=False, inputs=SEQ2SEQ.model_inputs)
+        objective = Objective.for_seq2seq(accelerator.unwrap_model(model).config)
+        metrics = evaluate_loss(model, [dict(batch)], accelerator, shift=False, inputs=objective.model_inputs)
         unwrapped = accelerator.unwrap_model(model).eval()
         width = batch["labels"].size(1)
         with torch.no_grad():
@@ -179,8 +180,6 @@ class ToyTaskEvaluation:
         correct = ((generated == batch["labels"]) | ~known).all(dim=1)
         return {**metrics, "eval_exact_match": 100.0 * correct.float().mean().item()}, []  # percent
 
-
-SEQ2SEQ = Objective(shift=False)
 
 
 # --- training: the package's one loop --------------------------------------------------------------
@@ -228,7 +227,7 @@ def build_run(config: ExperimentConfig, output_dir: Path | None) -> TrainingRun:
               "max_grad_norm": config.max_grad_norm, "label_smoothing": config.label_smoothing,
               "global_batch_size": config.batch_size, "max_source_length": config.max_length + 1}
     return TrainingRun(accelerator, model, optimizer, scheduler, iter(loader),
-                       Objective(shift=False, label_smoothing=config.label_smoothing), ToyTaskEvaluation(eval_batch),
+                       Objective.for_seq2seq(accelerator.unwrap_model(model).config, config.label_smoothing), ToyTaskEvaluation(eval_batch),
                        settings, output_dir, recipe=recipe)
 
 

@@ -2,9 +2,9 @@
 the real token count of a whole accumulation window (across micro-batches and processes) instead of
 averaging per micro-batch means.
 
-The cross-entropy itself is the model's (``token_cross_entropy`` in ``models/modeling_minitx.py``, the one
-place it is written, as Hub custom code may import nothing outside ``models/``); ``Objective`` only says
-how a task lines labels up with logits and what the model is called with.
+``token_cross_entropy`` is the trainer's one cross-entropy; the heads use transformers'
+``self.loss_function`` (tests check they agree). ``Objective`` says how a task lines labels up with logits
+and what the model is called with.
 """
 
 from __future__ import annotations
@@ -12,10 +12,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from ..models.modeling_minitx import IGNORE_INDEX, token_cross_entropy
+from ..data.corpus import TASKS
+from ..models.configuration_minitx import IGNORE_INDEX, MiniTxConfig
+from ..models.modeling_minitx import shift_tokens_right
 
-TASKS = ("causal-lm", "seq2seq")
+
+def token_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0, reduction: str = "mean"
+) -> torch.Tensor:
+    """Cross-entropy of labelled positions; labels equal to IGNORE_INDEX (padding) are left out.
+
+    logits (batch, seq, vocab) and labels (batch, seq) are already aligned (logits[t] predicts labels[t]).
+    ``reduction``: "mean" over labelled tokens (a scalar), "sum" (a scalar), or "none" (batch, seq) with 0
+    at ignored positions. The trainer's one cross-entropy; the heads use transformers' ``self.loss_function``, which agrees with it.
+    """
+    flat_logits = logits.float().reshape(-1, logits.size(-1))  # (batch * seq, vocab)
+    losses = nn.functional.cross_entropy(
+        flat_logits, labels.reshape(-1), ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing,  # (batch * seq,)
+        reduction=reduction,
+    )
+    return losses.reshape(labels.shape) if reduction == "none" else losses  # (batch, seq) or scalar
 
 
 def align_labels(logits: torch.Tensor, labels: torch.Tensor, shift: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,25 +70,44 @@ def sequence_cross_entropy(
 
 @dataclass(frozen=True)
 class Objective:
-    """How a task is scored, decided once from ``--task``.
+    """How a task is scored, decided once from ``--task`` and the model's config.
 
     ``shift``: causal LM predicts the next token (labels are the inputs); seq2seq labels are the targets,
-    already aligned with the decoder's positions.
+    already aligned with the decoder's positions. ``decoder_start_token_id`` and ``pad_token_id``: the ids a
+    seq2seq decoder input is built with (the labels moved one place right).
     """
 
     shift: bool
     label_smoothing: float = 0.0
+    decoder_start_token_id: int | None = None
+    pad_token_id: int | None = None
 
     @classmethod
-    def for_task(cls, task: str, label_smoothing: float = 0.0) -> Objective:
+    def for_task(cls, task: str, label_smoothing: float = 0.0, config: MiniTxConfig | None = None) -> Objective:
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
-        return cls(shift=task == "causal-lm", label_smoothing=label_smoothing)
+        if task == "causal-lm":
+            return cls(shift=True, label_smoothing=label_smoothing)
+        if config is None:
+            raise ValueError("a seq2seq objective needs the model's config for its decoder start and pad ids")
+        return cls.for_seq2seq(config, label_smoothing)
+
+    @classmethod
+    def for_seq2seq(cls, config: MiniTxConfig, label_smoothing: float = 0.0) -> Objective:
+        return cls(shift=False, label_smoothing=label_smoothing,
+                   decoder_start_token_id=config.decoder_start_token_id, pad_token_id=config.pad_token_id)
 
     def model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """What the model is called with: the whole batch for seq2seq (the model builds its decoder inputs
-        from the labels), the batch without labels for causal LM (the loss is computed here, not twice)."""
-        return {key: value for key, value in batch.items() if key != "labels" or not self.shift}
+        """What the model is called with: the batch without its labels, so the loss is computed once, here.
+        A seq2seq decoder reads the labels moved one place right (teacher forcing)."""
+        inputs = {key: value for key, value in batch.items() if key != "labels"}
+        if not self.shift:
+            if self.decoder_start_token_id is None or self.pad_token_id is None:
+                raise ValueError("this seq2seq Objective has no decoder start or pad id: build it with "
+                                 "Objective.for_seq2seq(config)")
+            inputs["decoder_input_ids"] = shift_tokens_right(batch["labels"], self.decoder_start_token_id,
+                                                             self.pad_token_id)  # (batch, tgt)
+        return inputs
 
     def label_tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Positions the loss is computed over in one batch: a scalar tensor."""

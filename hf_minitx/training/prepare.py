@@ -379,7 +379,7 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     check_streaming_arguments(data_args, train_args)
     plan = RunPlan(
         model_args, data_args, train_args, settings, config,
-        objective=Objective.for_task(data_args.task, train_args.label_smoothing),
+        objective=Objective.for_task(data_args.task, train_args.label_smoothing, config),
         output_dir=output_path(train_args.output_dir), trackers=parse_trackers(train_args.report_to),
     )
     inputs = run_inputs(model_args, data_args, train_args)  # a missing dataset file is named here

@@ -12,12 +12,11 @@ import torch
 
 from hf_minitx.data.preprocessing import BlockCollator
 from hf_minitx.device import pick_device, pick_dtype
-from hf_minitx.models.modeling_minitx import token_cross_entropy
 from hf_minitx.training.arguments import available_presets, load_preset, parse_config_overrides
 from hf_minitx.training.checkpoints import list_checkpoints, rotate_checkpoints, write_run_state
 from hf_minitx.training.data_order import ShiftedWindows, StepIndexedBatchSampler
 from hf_minitx.training.evaluation import exact_match
-from hf_minitx.training.loss import Objective, count_label_tokens, sequence_cross_entropy
+from hf_minitx.training.loss import Objective, count_label_tokens, sequence_cross_entropy, token_cross_entropy
 from hf_minitx.training.outputs import append_metrics, read_metrics, truncate_metrics
 
 
@@ -196,3 +195,29 @@ def test_device_and_dtype_choice_on_this_machine():
         assert pick_device().type in ("cpu", "mps")
         with pytest.raises(ValueError, match="CUDA is not available"):
             pick_device("cuda")
+
+
+def test_a_seq2seq_step_computes_its_loss_once(monkeypatch):
+    """The trainer's seq2seq inputs carry no labels (the model computes no loss of its own) and give the same
+    logits as the model's own teacher forcing from the labels."""
+    from hf_minitx import MiniTxConfig, MiniTxForConditionalGeneration
+
+    config = MiniTxConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=32, max_position_embeddings=16, is_encoder_decoder=True,
+                          decoder_start_token_id=1, pad_token_id=0)
+    model = MiniTxForConditionalGeneration(config).eval()
+    batch = {"input_ids": torch.randint(3, 40, (2, 6)), "attention_mask": torch.ones(2, 6, dtype=torch.long),
+             "labels": torch.tensor([[5, 6, 7, -100], [8, 9, -100, -100]])}
+    objective = Objective.for_task("seq2seq", 0.0, config)
+    calls = []
+    monkeypatch.setattr(type(model), "loss_function", property(lambda self: lambda *a, **k: calls.append(1)))
+    inputs = objective.model_inputs(batch)
+    assert "labels" not in inputs
+    out = model(**inputs)
+    assert out.loss is None and calls == []
+    monkeypatch.undo()
+    reference = model(**batch)
+    torch.testing.assert_close(out.logits, reference.logits)
+    torch.testing.assert_close(objective.summed_loss(out.logits, batch["labels"]) / 5, reference.loss)
+    with pytest.raises(ValueError, match="config"):
+        Objective.for_task("seq2seq")
