@@ -5,7 +5,8 @@ and packing puts EOS only there.
 """
 
 from .builtin import BUILTIN_CORPORA
-from .corpus import TASKS, as_samples, corpus_task, iter_training_texts, load_corpus, rows_from_lines
+from .corpus import TASKS, corpus_task, iter_training_texts, load_corpus
+from .documents import as_samples, rows_from_lines
 from .preprocessing import (
            BlockCollator,
            block_collator,

@@ -152,7 +152,8 @@ def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerFast:
         return _loaded(AutoTokenizer.from_pretrained(folder, **AS_TEXT))
     except Exception as error:  # the library's own reasons for a file that parses but is not a tokenizer
         raise ValueError(f"{folder / 'tokenizer.json'} could not be loaded as a tokenizer "
-                         f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); save the tokenizer again") from None
+                         f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
+                         "save the tokenizer again") from None
 
 
 def check_training_tokenizer(folder: str | Path) -> None:
@@ -242,7 +243,8 @@ def _save_marked(tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
 
 def _train_and_save(args: TokenizerArguments, output_dir: Path) -> str:
     """Read the corpus, train the tokenizer and write it into ``output_dir``; returns the line that says so."""
-    from .corpus import TooSmallToSplit, corpus_task, iter_training_texts, load_corpus
+    from .corpus import corpus_task, iter_training_texts, load_corpus
+    from .splits import TooSmallToSplit
 
     task = args.task or corpus_task(args.dataset) or (
         "seq2seq" if args.source_column or args.target_column else "causal-lm"
@@ -269,7 +271,7 @@ def _train_and_save(args: TokenizerArguments, output_dir: Path) -> str:
 def main(argv: Sequence[str] | None = None) -> Path:
     """`minitx train-tokenizer`: train and save the tokenizer; returns the output folder."""
     from ..cli import parse_arguments
-    from .corpus import local_inputs
+    from .sources import local_inputs
 
     (args,) = parse_arguments([TokenizerArguments], argv, prog="minitx train-tokenizer", description=(
         "Train hf_minitx's byte-level BPE on a corpus and save it as a stock transformers tokenizer folder "

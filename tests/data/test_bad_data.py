@@ -122,7 +122,8 @@ def test_train_tokenizer_on_a_tiny_corpus_needs_no_validation_split(tmp_path, te
 
 ONE_LINE_RSS = """
 import resource, sys
-from hf_minitx.data.corpus import TEXT_CHUNK_CHARS, _text_file_rows
+from hf_minitx.data.documents import TEXT_CHUNK_CHARS
+from hf_minitx.data.text_files import _text_file_rows
 from hf_minitx.data.preprocessing import encode_rows, row_batches
 from hf_minitx.data.tokenizer import load_tokenizer
 tokenizer = load_tokenizer(sys.argv[2])
@@ -141,7 +142,7 @@ def test_a_one_line_file_is_read_in_bounded_pieces_that_tokenize_like_the_whole(
     import subprocess
     import sys
 
-    from hf_minitx.data.corpus import bounded_lines
+    from hf_minitx.data.documents import bounded_lines
 
     rng = random.Random(0)
     words = ["the", "of", "and", "  spaced", "tab\t", "x" * 40, "é", "end."]
@@ -190,7 +191,7 @@ def test_a_row_without_text_is_named_or_skipped_and_counted(tmp_path, capsys, su
     assert minitx(["train-tokenizer", "--dataset", str(path), "--output_dir", str(tmp_path / "tok")]) == 2
     err = [line for line in capsys.readouterr().err.strip().splitlines() if "split:" not in line]  # no progress
     assert len(err) == 1 and f"{row} has no text" in err[0] and not (tmp_path / "tok").exists()
-    from hf_minitx.data.corpus import SKIPPED_ROWS
+    from hf_minitx.data.columns import SKIPPED_ROWS
 
     corpus = load_corpus(str(path), skip_bad_rows=True, validation_split=10)
     assert len(corpus["train"]) + len(corpus["validation"]) == len(TEXTS)

@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_minitx.data import corpus as data
-from hf_minitx.data import load_corpus, preprocess_seq2seq, rows_from_lines, tokenize_and_pack
+from hf_minitx.data import load_corpus, preprocess_seq2seq, rows_from_lines, text_files, tokenize_and_pack
+from hf_minitx.data.documents import SAMPLE_BY, TEXT_ROW_FEATURES, as_samples
 from hf_minitx.data.preprocessing import block_collator
 from hf_minitx.data.tokenizer import train_bpe_tokenizer
 from hf_minitx.models.configuration_minitx import IGNORE_INDEX
@@ -60,7 +60,7 @@ def variants(i: int) -> str:
 
 @pytest.mark.parametrize("chunk", [16, 1 << 20])
 def test_every_form_of_text_files_gives_rows_that_are_the_files(tmp_path, monkeypatch, chunk):
-    monkeypatch.setattr(data, "TEXT_CHUNK_CHARS", chunk)
+    monkeypatch.setattr(text_files, "TEXT_CHUNK_CHARS", chunk)
     files = [write(tmp_path / f"{name}.txt", variants(i)) for i, name in enumerate(["a", "b", "c"])]
     folder = tmp_path / "play"
     folder.mkdir()
@@ -108,15 +108,15 @@ def test_sample_by_paragraph_and_line_on_text_files_and_on_records(tmp_path):
     (tmp_path / "wv.jsonl").write_text(json.dumps({"text": "v"}) + "\n")
     spec = {"train": str(rows), "validation": str(tmp_path / "wv.jsonl")}
     wiki = datasets.load_dataset("json", data_files=spec)
-    paragraphs = data.as_samples(wiki["train"].select_columns(["text"]), "paragraph")
+    paragraphs = as_samples(wiki["train"].select_columns(["text"]), "paragraph")
     assert paragraphs["text"] == [" = T = \n\n", "x y\nz\n\n", "w\n"] and all(paragraphs["doc_end"])
-    documents = data.as_samples(wiki["train"].select_columns(["text"]))
+    documents = as_samples(wiki["train"].select_columns(["text"]))
     assert documents["text"] == [" = T = \n", "", "x y\n", "z", "", "w\n"] and all(documents["doc_end"])
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet=st.sampled_from("ab \n\r\t\u00e9\u4e2d"), max_size=120),
-       st.sampled_from(data.SAMPLE_BY), st.integers(1, 12))
+       st.sampled_from(SAMPLE_BY), st.integers(1, 12))
 def test_rows_concatenate_to_the_text_and_chunks_end_only_inside_samples(text, sample_by, chunk):
     lines = text.splitlines(keepends=True)
     rows = list(rows_from_lines(lines, sample_by, chunk))
@@ -130,7 +130,7 @@ def test_rows_concatenate_to_the_text_and_chunks_end_only_inside_samples(text, s
 
 
 def packed_stream(rows: list[dict], tokenizer, block: int, **kwargs) -> tuple[list[int], list]:
-    dd = datasets.DatasetDict(train=datasets.Dataset.from_list(rows, features=data.TEXT_ROW_FEATURES))
+    dd = datasets.DatasetDict(train=datasets.Dataset.from_list(rows, features=TEXT_ROW_FEATURES))
     blocks = tokenize_and_pack(dd, tokenizer, block, drop_remainder=False, **kwargs)["train"]
     labels = block_collator(tokenizer)(list(blocks))["labels"]
     return [t for t in labels.flatten().tolist() if t != IGNORE_INDEX], blocks
@@ -168,7 +168,7 @@ def test_evaluation_blocks_predict_every_token_once(tokenizer):
 
 
 def test_folder_round_trip_through_load_corpus_and_packing(tmp_path, tokenizer, monkeypatch):
-    monkeypatch.setattr(data, "TEXT_CHUNK_CHARS", 24)
+    monkeypatch.setattr(text_files, "TEXT_CHUNK_CHARS", 24)
     folder = tmp_path / "plays"
     folder.mkdir()
     write(folder / "train.txt", variants(0) + variants(3))  # odd whitespace: some cuts are forced

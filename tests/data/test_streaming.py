@@ -10,8 +10,7 @@ import datasets
 import numpy as np
 import pytest
 
-from hf_minitx.data import corpus as corpus_module
-from hf_minitx.data import iter_training_texts, load_corpus, tokenize_and_pack
+from hf_minitx.data import documents, iter_training_texts, load_corpus, text_files, tokenize_and_pack
 from hf_minitx.data.preprocessing import block_collator, encode_rows, token_dtype
 from hf_minitx.data.streaming import PackedBlockStream, held_out_blocks, load_stream_state, save_stream_state
 from hf_minitx.data.tokenizer import train_bpe_tokenizer
@@ -42,7 +41,7 @@ def tokenizer(corpus_dir):
 
 @pytest.fixture
 def small_rows(monkeypatch):
-    monkeypatch.setattr(corpus_module, "TEXT_CHUNK_CHARS", 300)  # several rows per file
+    monkeypatch.setattr(text_files, "TEXT_CHUNK_CHARS", 300)  # several rows per file
 
 
 def take(stream, n: int) -> list[list[int]]:
@@ -85,7 +84,7 @@ def test_streamed_text_blocks_are_the_map_style_blocks(corpus_dir, tokenizer, sm
     stream = PackedBlockStream(lazy, tokenizer, 16, shuffle_buffer=0)
     # the same rows in the same order: the same blocks (the in-memory carve is by documents, the
     # streaming one by rows, so compare against the streaming rows packed in memory)
-    rows = datasets.Dataset.from_list(list(lazy), features=corpus_module.TEXT_ROW_FEATURES)
+    rows = datasets.Dataset.from_list(list(lazy), features=documents.TEXT_ROW_FEATURES)
     packed = tokenize_and_pack(datasets.DatasetDict(train=rows), tokenizer, 16)["train"]
     assert take(stream, len(packed)) == [list(r) for r in packed["input_ids"]]
     assert stream.epoch == 0 and len(eager) > 0
@@ -156,7 +155,7 @@ def test_processes_read_disjoint_parts_of_the_stream(corpus_dir, tokenizer, smal
 
 def test_held_out_blocks_are_the_first_evaluation_blocks(corpus_dir, tokenizer, small_rows):
     stream_val = load_corpus(str(corpus_dir / "*.txt"), streaming=True, validation_split=5)["validation"]
-    rows = datasets.Dataset.from_list(list(stream_val), features=corpus_module.TEXT_ROW_FEATURES)
+    rows = datasets.Dataset.from_list(list(stream_val), features=documents.TEXT_ROW_FEATURES)
     full = tokenize_and_pack(datasets.DatasetDict(validation=rows), tokenizer, 16, for_evaluation=True)["validation"]
     held = held_out_blocks(stream_val, tokenizer, 16, max_blocks=10)
     assert len(held) == 10 and held["input_ids"] == full["input_ids"][:10]
@@ -180,7 +179,7 @@ def test_text_files_leave_no_copy_of_their_text_in_the_cache(tmp_path, monkeypat
 def test_text_too_large_for_memory_is_cached_once_with_the_same_rows(tmp_path, monkeypatch, corpus_dir):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
     held = load_corpus(str(corpus_dir / "part1.txt"))
-    monkeypatch.setattr(corpus_module, "IN_MEMORY_SHARE", 10**15)  # as if the text were larger than memory
+    monkeypatch.setattr(documents, "IN_MEMORY_SHARE", 10**15)  # as if the text were larger than memory
     cached = load_corpus(str(corpus_dir / "part1.txt"))
     for name in ("train", "validation"):
         assert cached[name].cache_files and not held[name].cache_files
