@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from conftest import another_writer
 
-from hf_minitx import folders
 from hf_minitx.cli import main as minitx
 from hf_minitx.cli import run_cli
 from hf_minitx.folders import (
@@ -31,6 +30,8 @@ from hf_minitx.folders import (
     write_folder,
     write_marker,
 )
+from hf_minitx.folders import lock as output_lock
+from hf_minitx.folders import policy as output_policy
 
 
 class SafetensorError(Exception):
@@ -168,7 +169,7 @@ def test_a_write_that_fails_removes_the_folders_made_for_its_lock(tmp_path):
 
 
 def test_what_another_writer_finished_before_the_lock_was_taken_is_seen(tmp_path, monkeypatch):
-    folder, checks, check = tmp_path / "out", [], folders.check_output_folder
+    folder, checks, check = tmp_path / "out", [], check_output_folder
 
     def check_then_the_other_writer_finishes(*args, **kwargs):
         checks.append(check(*args, **kwargs))
@@ -177,7 +178,7 @@ def test_what_another_writer_finished_before_the_lock_was_taken_is_seen(tmp_path
             write_marker(folder, command="export", run_id="qwen3")
         return checks[-1]
 
-    monkeypatch.setattr(folders, "check_output_folder", check_then_the_other_writer_finishes)
+    monkeypatch.setattr(output_policy, "check_output_folder", check_then_the_other_writer_finishes)
     with pytest.raises(FolderRefused, match="already holds a run of `minitx export`"):
         with output_folder(folder, command="export", flag="--overwrite", overwrite=False):
             raise AssertionError("not reached")
@@ -195,10 +196,10 @@ def test_a_lock_file_its_writer_removed_before_it_was_locked_is_not_taken(tmp_pa
             (folder / LOCK_FILE).unlink()
         return flock(fd, operation)
 
-    monkeypatch.setattr(folders.fcntl, "flock", finishing_writer)
+    monkeypatch.setattr(fcntl, "flock", finishing_writer)
     lock_folder(folder, command="export")
     try:
-        assert len(calls) == 2 and folders._held[folder.resolve()][1] == folder / LOCK_FILE
+        assert len(calls) == 2 and output_lock._held[folder.resolve()][1] == folder / LOCK_FILE
         assert json.loads((folder / LOCK_FILE).read_text())["pid"] == os.getpid()
     finally:
         unlock_folder(folder)

@@ -1,0 +1,75 @@
+"""The names minitx gives what it keeps in an output folder, and the checks every output path passes first:
+where a path really leads (a symlink resolved), what a folder holds, and which run made it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+RUN_MARKER = ".minitx-run.json"
+LOCK_FILE = ".minitx-lock"  # held (flock) by the process writing the folder; JSON: pid, host, command
+PARTIAL_SUFFIX = ".partial"  # hidden siblings being written: `.NAME.partial-<pid>`
+RUN_FILES = ("metrics.jsonl", "training_summary.json", "model.safetensors")  # what any run folder holds
+
+
+class FolderRefused(FileExistsError, ValueError):
+    """An output folder that this command may not write into as asked (a bad argument, and a file problem)."""
+
+
+def output_path(path: str | Path, *, option: str = "--output_dir") -> Path:
+    """The folder ``path`` names, with a symlink (or ``.``/``..``) resolved to the real folder, so that
+    replacing it replaces the real folder's contents and leaves the link in place."""
+    if not str(path).strip():
+        raise ValueError(f"{option} is empty; give a folder path")
+    folder = Path(path).expanduser()
+    if folder.is_symlink() or folder.name in ("", ".", ".."):
+        folder = folder.resolve()
+    return folder
+
+
+def check_not_under_a_file(path: Path, *, option: str) -> None:
+    """Refuse an output path below a file (``afile/run``): the system would say a bare "Not a directory" about a
+    hidden working path; this names the file in the user's path."""
+    blocking = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise NotADirectoryError(f"{option} {path}: {blocking} is a file, not a folder; choose another {option}")
+
+
+def describe_contents(folder: Path, limit: int = 5) -> str:
+    """A short listing such as "tokenizer.json, README.md and 3 more"."""
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir() if p.name != LOCK_FILE)
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def read_marker(folder: Path) -> dict[str, Any] | None:
+    """The run marker of a folder a command made (None when there is none or it cannot be read)."""
+    try:
+        return json.loads((folder / RUN_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def holds_run_files(folder: Path) -> bool:
+    """Whether ``folder`` holds what a training run writes (a model, metrics, checkpoints)."""
+    return any((folder / name).exists() for name in RUN_FILES) or any(folder.glob("checkpoint-*"))
+
+
+def partial_sibling(path: Path) -> Path:
+    """A hidden sibling of ``path`` to write into before renaming into place."""
+    return path.with_name(f".{path.name}{PARTIAL_SUFFIX}-{os.getpid()}")
+
+
+def unhidden(path: Path) -> Path:
+    """The path a user named, for one of our hidden working files: ``.NAME.partial-PID`` (or ``.NAME.old-PID``)
+    is NAME, the run lock is its folder; any other path is itself."""
+    import re
+
+    if path.name == LOCK_FILE:
+        return path.parent
+    if path.name.startswith(".") and path.name.endswith(LOCK_FILE):  # a single file's lock, beside it
+        return path.with_name(path.name[1:-len(LOCK_FILE)])
+    match = re.fullmatch(rf"\.(.+)(?:{re.escape(PARTIAL_SUFFIX)}|\.old)-\d+", path.name)
+    return path.with_name(match.group(1)) if match else path
