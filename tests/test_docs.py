@@ -92,7 +92,8 @@ def anchors(text: str) -> set[str]:
 
 def test_anchors_and_written_lines_follow_github_and_leave_the_generated_part_out():
     text = ("# Title\n## Muon's cost on a CPU, and more\n## Muon's cost on a CPU, and more\n"
-            "```bash\n# not a heading\n```\n<!-- minitx benchmark-report: tables begin -->\nrow\nrow\n<!-- minitx benchmark-report: tables end -->\n")
+            "```bash\n# not a heading\n```\n<!-- minitx benchmark-report: tables begin -->\nrow\nrow\n"
+            "<!-- minitx benchmark-report: tables end -->\n")
     assert anchors(text) == {"title", "muons-cost-on-a-cpu-and-more", "muons-cost-on-a-cpu-and-more-1"}
     assert written_lines(text) == 7  # the generated part counts as the one line it leaves
 
