@@ -4,6 +4,10 @@ Each page runs in a fresh temporary folder (its blocks share it, so a page may t
 with it), offline, with torch.compile switched off (TORCH_COMPILE_DISABLE=1: the compiled path has its own tests
 in tests/models/test_decode_fast_path.py). A block that cannot run here starts with the visible line
 `# not run in CI: REASON`, and is skipped.
+
+The pages also hold together, without running anything: every relative link and heading anchor resolves, the files
+README's "Reading the code" names exist, and the how-to pages (Training, Performance) stay short, their research
+record living in docs/recipe-log.md.
 """
 
 from __future__ import annotations
