@@ -4,6 +4,10 @@ Each page runs in a fresh temporary folder (its blocks share it, so a page may t
 with it), offline, with torch.compile switched off (TORCH_COMPILE_DISABLE=1: the compiled path has its own tests
 in tests/models/test_decode_fast_path.py). A block that cannot run here starts with the visible line
 `# not run in CI: REASON`, and is skipped.
+
+The pages also hold together, without running anything: every relative link and heading anchor resolves, the files
+README's "Reading the code" names exist, and the how-to pages (Training, Performance) stay short, their research
+record living in docs/recipe-log.md.
 """
 
 from __future__ import annotations
@@ -62,3 +66,75 @@ def test_every_code_block_of_the_page_runs(page, tmp_path):
         done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
         assert done.returncode == 0, (f"{page.name}:{line}: the {language} block failed (exit {done.returncode})\n"
                                       f"{code}\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}")
+
+
+HOW_TO_PAGES = ("training.md", "performance.md")
+HOW_TO_MAX_LINES = 200
+GENERATED = re.compile(r"<!-- minitx benchmark-report: (\w+) begin -->\n.*?<!-- minitx benchmark-report: \1 end -->",
+                       re.DOTALL)
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def written_lines(text: str) -> int:
+    """Lines of a page written by hand: the parts `minitx benchmark-report` renders from JSON are not counted."""
+    return len(GENERATED.sub("", text).splitlines())
+
+
+def without_code(text: str) -> str:
+    """A Markdown text without its fenced code blocks (a `# comment` there is no heading, a `[x](y)` no link)."""
+    return re.sub(r"^```.*?^```$", "", text, flags=re.DOTALL | re.MULTILINE)
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a Markdown text's headings (code blocks left out; a repeated heading gets -1, -2)."""
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6} (.+)$", without_code(text), re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+    return {slug if n == 0 else f"{slug}-{n}" for slug, count in seen.items() for n in range(count + 1)}
+
+
+def test_anchors_and_written_lines_follow_github_and_leave_the_generated_part_out():
+    text = ("# Title\n## Muon's cost on a CPU, and more\n## Muon's cost on a CPU, and more\n"
+            "```bash\n# not a heading\n```\n<!-- minitx benchmark-report: tables begin -->\nrow\nrow\n"
+            "<!-- minitx benchmark-report: tables end -->\n")
+    assert anchors(text) == {"title", "muons-cost-on-a-cpu-and-more", "muons-cost-on-a-cpu-and-more-1"}
+    assert written_lines(text) == 7  # the generated part counts as the one line it leaves
+
+
+@pytest.mark.parametrize("name", HOW_TO_PAGES)
+def test_how_to_pages_stay_short_and_leave_screens_to_the_recipe_log(name):
+    text = (ROOT / "docs" / name).read_text(encoding="utf-8")
+    assert written_lines(text) <= HOW_TO_MAX_LINES, (
+        f"docs/{name} has {written_lines(text)} lines written by hand (at most {HOW_TO_MAX_LINES}): move research "
+        "records to docs/recipe-log.md")
+    assert "](recipe-log.md" in text, f"docs/{name} links to the recipe log"
+    assert "| variant |" not in text, f"docs/{name} holds a screen table; screens go to docs/recipe-log.md"
+
+
+def test_the_readme_names_the_files_to_read_in_order_and_they_exist():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = re.search(r"^## Reading the code\n(.*?)(?=^## )", readme, re.DOTALL | re.MULTILINE)
+    assert section, "README.md has a '## Reading the code' section"
+    files = re.findall(r"`((?:hf_minitx|docs)/[\w/.-]+\.(?:py|ipynb))`", section.group(1))
+    assert len(files) >= 4, files
+    assert [f for f in files if not (ROOT / f).is_file()] == [], "every file the section names exists"
+    for name, path in re.findall(r"`(\w+)` in `([\w/.-]+\.py)`", section.group(1)):
+        assert re.search(rf"^def {name}\(", (ROOT / path).read_text(encoding="utf-8"), re.MULTILINE), (
+            f"README.md: `{name}` is defined in `{path}`")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_every_relative_link_of_the_page_resolves(page):
+    text = page.read_text(encoding="utf-8")
+    broken = []
+    for target in LINK.findall(without_code(text)):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text(encoding="utf-8")):
+            broken.append(f"{target}: no heading with that anchor")
+    assert broken == [], f"{page.relative_to(ROOT)}: {broken}"
