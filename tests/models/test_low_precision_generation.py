@@ -138,7 +138,7 @@ def test_int8_weights_of_an_odd_input_width_keep_torchao_call(tmp_path):
 @pytest.mark.slow
 def test_compiled_int8_decoding_gives_the_same_tokens(pattern_model):
     """The fastest CPU path (int8 weights read as int8, decode steps compiled over a static cache) keeps the tokens."""
-    from hf_minitx.tools.generation_bench import compile_config
+    from hf_minitx.tools.benchmark.generation import compile_config
 
     reference, _ = generate_watching(AutoModelForCausalLM.from_pretrained(pattern_model).eval())
     model = int8_model(pattern_model)

@@ -11,9 +11,9 @@ import statistics
 import pytest
 import torch
 
-from hf_minitx.tools import benchmark
-from hf_minitx.tools.benchmark import WORKLOADS, BenchmarkShape, count_parameters, summarize
-from hf_minitx.tools.generation_bench import int8_available
+from hf_minitx.tools.benchmark import run as benchmark
+from hf_minitx.tools.benchmark.generation import int8_available
+from hf_minitx.tools.benchmark.run import WORKLOADS, BenchmarkShape, count_parameters, summarize
 
 TINY = ["--vocab-size", "64", "--context", "16", "--layers", "2", "--hidden", "32", "--heads", "2",
         "--batch", "2", "--seq2seq-len", "8", "--prompt-len", "4", "--new-tokens", "6", "--rounds", "2",
@@ -92,8 +92,8 @@ def test_figures_positive_finite_and_ratios_match_raw(tiny_run):
 
 
 def test_the_bf16_row_generates_with_bf16_weights():
-    from hf_minitx.tools.bench_models import build
-    from hf_minitx.tools.generation_bench import generation_step, lower_precision
+    from hf_minitx.tools.benchmark.generation import generation_step, lower_precision
+    from hf_minitx.tools.benchmark.models import build
 
     shape = BenchmarkShape(vocab_size=64, context=16, layers=2, hidden=32, heads=2, batch=2, seq2seq_len=8,
                            prompt_len=4, new_tokens=5)
@@ -114,7 +114,7 @@ def test_compiled_generation_rows_are_left_out_with_backend_none():
 
 
 def test_seq2seq_generation_step_makes_exactly_the_new_tokens():
-    from hf_minitx.tools.generation_bench import generation_step
+    from hf_minitx.tools.benchmark.generation import generation_step
 
     shape = BenchmarkShape(vocab_size=64, context=16, layers=2, hidden=32, heads=2, batch=2, seq2seq_len=8,
                            prompt_len=4, new_tokens=5)
@@ -167,7 +167,7 @@ def test_minitx_matches_gpt2_parameter_count_at_default_shape():
 
 @pytest.mark.slow
 def test_data_preparation_section_compares_every_recipe_on_the_same_text():
-    from hf_minitx.tools.data_prep_bench import BASELINES, SIDES, format_data_prep, run_data_prep
+    from hf_minitx.tools.benchmark.data_prep import BASELINES, SIDES, format_data_prep, run_data_prep
 
     result = run_data_prep(megabytes=0.3, vocab_size=300, block_size=32, log=lambda _: None)
     assert set(result["sides"]) == set(SIDES) and result["text_bytes"] > 250_000

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_minitx.tools import benchmark_report
-from hf_minitx.tools.benchmark import summarize
-from hf_minitx.tools.benchmark_report import (
+from hf_minitx.tools.benchmark import report
+from hf_minitx.tools.benchmark.report import (
     HEADLINE_BLOCK,
     PAGE_BLOCK,
     read_result,
@@ -18,6 +17,7 @@ from hf_minitx.tools.benchmark_report import (
     render_pages,
     replace_block,
 )
+from hf_minitx.tools.benchmark.run import summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED_RESULTS = ROOT / "docs" / "benchmark"
@@ -107,11 +107,11 @@ def test_the_command_rewrites_the_page_and_the_readme_and_writes_neither_when_on
     paths = ["--json", str(data), "--page", str(page), "--readme", str(readme)]
     before = page.read_text()
     with pytest.raises(ValueError, match="README.md: expected one pair of markers"):
-        benchmark_report.main(paths)
+        report.main(paths)
     assert page.read_text() == before
     readme.write_text(f"# hf_minitx\n<!-- minitx benchmark-report: {HEADLINE_BLOCK} begin -->\nstale\n"
                       f"<!-- minitx benchmark-report: {HEADLINE_BLOCK} end -->\n")
-    benchmark_report.main(paths)
+    report.main(paths)
     assert render_page(results()) in page.read_text() and page.read_text().endswith("\nprose\n")
     assert render_headline(results()) in readme.read_text() and "stale" not in readme.read_text()
     (tmp_path / "list.json").write_text("[]")

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hf_minitx.tools import benchmark
-from hf_minitx.tools.quality_bench import (
+from hf_minitx.tools.benchmark import run as benchmark
+from hf_minitx.tools.benchmark.quality import (
     CURVE_POINTS,
     NANOGPT,
     QualitySettings,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .bench_models import build, random_ids
+from .models import build, random_ids
 
 COMPILED_SUFFIX = "-compiled"
 SEQ2SEQ_NAMES = ("bart", "minitx-seq2seq")

@@ -41,12 +41,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..device import pick_device
-from ..folders import WRITTEN_BY, check_output_file, write_file
-from .bench_models import QUICK_SHAPE, BenchmarkShape, build, count_parameters, random_ids
-from .data_prep_bench import format_data_prep, run_data_prep
-from .generation_bench import COMPILED_SUFFIX, generation_step, int8_available
-from .quality_bench import QUALITY_CORPORA, QualitySettings, format_quality, plot_curves, run_quality
+from ...device import pick_device
+from ...folders import WRITTEN_BY, check_output_file, write_file
+from .data_prep import format_data_prep, run_data_prep
+from .generation import COMPILED_SUFFIX, generation_step, int8_available
+from .models import QUICK_SHAPE, BenchmarkShape, build, count_parameters, random_ids
+from .quality import QUALITY_CORPORA, QualitySettings, format_quality, plot_curves, run_quality
 
 # Workload name -> (reference implementation, implementations) in the order they are built.
 WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -255,7 +255,7 @@ def measure_memory(shape: BenchmarkShape, threads: int, device: str = "cpu",
     results = {}
     for name in names:
         code = (
-            "import json, sys, torch; from hf_minitx.tools.benchmark import BenchmarkShape, memory_probe; "
+            "import json, sys, torch; from hf_minitx.tools.benchmark.run import BenchmarkShape, memory_probe; "
             f"torch.set_num_threads({threads}); "
             f"print(json.dumps(memory_probe({name!r}, BenchmarkShape(**{asdict(shape)!r}), device={device!r})))"
         )
@@ -480,7 +480,7 @@ def _expand_files(spec: str | None) -> list[str] | None:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     """`minitx benchmark`: run, print the table, optionally write JSON. Returns the result dict."""
-    from ..cli import parse_arguments
+    from ...cli import parse_arguments
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # --threads sets torch's own pool
     (args,) = parse_arguments([BenchmarkArguments], argv, prog="minitx benchmark", description=(

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .benchmark import format_table
-from .data_prep_bench import format_data_prep
-from .quality_bench import format_quality
+from .data_prep import format_data_prep
+from .quality import format_quality
+from .run import format_table
 
 RESULTS_FOLDER = "docs/benchmark"  # the committed benchmark JSON files the docs are rendered from
 PAGE_BLOCK = "tables"
@@ -170,7 +170,7 @@ def read_result(path: str | Path) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Rewrite the marked parts of the Performance page and the README from the JSON."""
-    from ..cli import parse_arguments
+    from ...cli import parse_arguments
 
     (args,) = parse_arguments([ReportArguments], argv, prog="minitx benchmark-report", description=(
         "Render docs/performance.md's tables and README.md's headline table from `minitx benchmark --json`."))
