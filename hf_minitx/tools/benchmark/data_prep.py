@@ -111,8 +111,8 @@ def measure_side(side: str, files: list[str], tokenizer_dir: str, block_size: in
     """Run one side in a fresh subprocess with an empty datasets cache; its seconds and cache bytes."""
     cache = Path(tempfile.mkdtemp(prefix=f"prep-{side}-"))
     env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "hf_minitx.tools.benchmark.data_prep", "--side", side, "--block_size", str(block_size),
-               "--tokenizer", tokenizer_dir, *files]
+    command = [sys.executable, "-m", "hf_minitx.tools.benchmark.data_prep", "--side", side,
+               "--block_size", str(block_size), "--tokenizer", tokenizer_dir, *files]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:

@@ -1,7 +1,7 @@
 """The implementations every speed benchmark builds, at one shared shape, and their inputs.
 
-`benchmark` times them against each other and `generation_bench` builds their `generate()` steps; both read
-the models from here, so neither imports the other's module.
+`speed` and `memory` build their training steps from here and `generation` their `generate()` steps, so every
+section measures the very same models.
 """
 
 from __future__ import annotations

@@ -333,14 +333,15 @@ def run_quality(settings: QualitySettings, log=print, work: Path | None = None) 
 
 
 def format_quality(quality: dict[str, Any]) -> str:
-    """Markdown: per corpus, the wall time, both sides' bits/byte, steps and tokens/s, and the ratio ours / reference."""
+    """Markdown: per corpus, the wall time, both sides' bits/byte, steps and tokens/s, and the ratio ours /
+    reference."""
     seconds = quality["settings"]["seconds"]
     lines = ["| corpus | seconds per side | GPT-2, nanoGPT recipe: bits/byte | steps | tokens/s | hf_minitx, `minitx "
              "train --max_minutes`: bits/byte | steps | tokens/s | ratio (lower is better) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for corpus, figures in quality["corpora"].items():
-        cells = [f"{_figure(side, 'bits_per_byte', 3)} | {side.get('steps', '-')} | {_figure(side, 'tokens_per_second', 0)}"
-                 for side in (figures["reference"], figures["ours"])]
+        cells = [f"{_figure(side, 'bits_per_byte', 3)} | {side.get('steps', '-')} | "
+                 f"{_figure(side, 'tokens_per_second', 0)}" for side in (figures["reference"], figures["ours"])]
         lines.append(f"| `{corpus}` | {seconds:g} | {cells[0]} | {cells[1]} | {figures['ratio']:.3f}x |")
     return "\n".join(lines)
 

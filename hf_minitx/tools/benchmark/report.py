@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .data_prep import format_data_prep
 from .quality import format_quality
-from .run import format_table
+from .speed import format_table
 
 RESULTS_FOLDER = "docs/benchmark"  # the committed benchmark JSON files the docs are rendered from
 PAGE_BLOCK = "tables"
@@ -159,7 +159,8 @@ def read_result(path: str | Path) -> dict:
     try:
         result = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"--json {path}: no such file; write it with `minitx benchmark --json {path}`") from None
+        raise FileNotFoundError(
+            f"--json {path}: no such file; write it with `minitx benchmark --json {path}`") from None
     except ValueError as error:
         raise ValueError(f"--json {path} is not valid JSON ({error}); write it again with minitx benchmark") from None
     if not isinstance(result, dict) or "machine" not in result:
@@ -190,4 +191,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"rewrote the generated part of {path} from {' '.join(args.json)}")
 
 
-__all__ = ["render_page", "render_pages", "render_headline", "read_results", "headline_rows", "replace_block", "describe_run", "read_result", "main"]
+__all__ = ["render_page", "render_pages", "render_headline", "read_results", "headline_rows", "replace_block",
+           "describe_run", "read_result", "main"]

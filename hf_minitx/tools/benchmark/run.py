@@ -1,23 +1,14 @@
-"""Side-by-side speed and memory benchmark of hf_minitx against the implementations users would otherwise pick.
+"""`minitx benchmark`: hf_minitx side by side with the implementations users would otherwise pick, every figure
+printed as Markdown tables and optionally written as JSON with the machine it was measured on.
 
-Every workload builds all its implementations at one shared shape, then times them round-robin in one process,
-rotating the order every round so drift in machine load hits every implementation alike. Figures are medians
-over rounds; ratios are paired (implementation / reference within the same round), then the median is taken.
-
-Workloads:
-- `train_causal`: decoder-only training step (forward + backward + AdamW), hf_minitx (sdpa, eager) vs
-  transformers' `GPT2LMHeadModel` (sdpa) at the same dimensions and parameter count.
-- `train_seq2seq`: encoder-decoder training step, hf_minitx vs `BartForConditionalGeneration` and
-  `torch.nn.Transformer` (with embeddings and a tied output layer).
-- `generate_b1` / `generate_b8`: greedy generation with a KV cache (EOS cannot stop it early), hf_minitx vs
-  GPT-2 `generate()`, eager (dynamic cache) and compiled (static cache + torch.compile, compile time reported
-  apart); at batch 1 also both without a cache (each model's cache speed-up). See `generation_bench`.
-- `generate_seq2seq`: greedy generation (one beam) at batch 1 from a `seq2seq_len` source, hf_minitx vs BART.
+Sections, each in a module of its own:
+- speed (`speed`): training steps and `generate()` of hf_minitx, GPT-2, BART and `torch.nn.Transformer` at one
+  shared shape, timed round-robin in one process, paired ratios to a reference.
 - `memory`: peak memory of a few training steps, each implementation in a fresh subprocess.
 - `mfu` (CUDA only): model FLOPs utilisation at a GPT-2-small shape in bf16, eager and `torch.compile`d.
-- data preparation (``data_prep_bench``): raw .txt to packed blocks, hf_minitx vs run_clm's map + group_texts on
+- data preparation (`data_prep`): raw .txt to packed blocks, hf_minitx vs run_clm's map + group_texts on
   line rows and on paragraph rows.
-- quality (``quality_bench``): validation bits per byte at equal wall time, `minitx train --max_minutes T` vs
+- `quality`: validation bits per byte at equal wall time, `minitx train --max_minutes T` vs
   GPT-2 trained in a plain loop with nanoGPT's recipe, on the same tokens, each side alone on every core.
 """
 
@@ -27,11 +18,8 @@ import datetime
 import glob
 import importlib.metadata
 import json
-import math
 import os
 import platform
-import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -39,281 +27,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from ...device import pick_device
 from ...folders import WRITTEN_BY, check_output_file, write_file
 from .data_prep import format_data_prep, run_data_prep
-from .generation import COMPILED_SUFFIX, generation_step, int8_available
-from .models import QUICK_SHAPE, BenchmarkShape, build, count_parameters, random_ids
+from .memory import measure_memory
+from .mfu import measure_mfu
+from .models import QUICK_SHAPE, BenchmarkShape
 from .quality import QUALITY_CORPORA, QualitySettings, format_quality, plot_curves, run_quality
-
-# Workload name -> (reference implementation, implementations) in the order they are built.
-WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "train_causal": ("gpt2", ("gpt2", "gpt2-gelu", "minitx-sdpa", "minitx-eager")),
-    "train_seq2seq": ("bart", ("bart", "torch-transformer", "minitx-seq2seq")),
-    "generate_b1": ("gpt2", ("gpt2", "minitx", "gpt2-compiled", "minitx-compiled", "minitx-no-cache", "gpt2-no-cache",
-                             "minitx-bf16", "minitx-int8", "minitx-int8-compiled")),
-    "generate_b8": ("gpt2", ("gpt2", "minitx", "gpt2-compiled", "minitx-compiled", "minitx-bf16", "minitx-int8",
-                             "minitx-int8-compiled")),
-    "generate_seq2seq": ("bart", ("bart", "minitx-seq2seq")),
-}
-# Low-precision generation rows, each also reported over our fp32 eager row round by round.
-LOW_PRECISION_ROWS = ("minitx-bf16", "minitx-int8", "minitx-int8-compiled")
-MEMORY_IMPLEMENTATIONS = ("gpt2", "minitx-sdpa", "minitx-eager", "bart", "torch-transformer", "minitx-seq2seq")
-# Dense bf16 tensor-core peak (FLOP/s) by GPU name fragment, for MFU.
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12}
-
-
-# ----------------------------------------------------------------------------------------------- steps
-
-
-def training_step(name: str, shape: BenchmarkShape, device: str = "cpu") -> tuple[Callable[[], int], nn.Module]:
-    """Build `name` and return (step, model); step() runs forward + backward + AdamW and returns tokens used."""
-    model = build(name, shape).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    gen = torch.Generator().manual_seed(1)
-    if name in ("bart", "minitx-seq2seq", "torch-transformer"):
-        source = random_ids(shape.batch, shape.seq2seq_len, shape.vocab_size, gen, device)
-        target = random_ids(shape.batch, shape.seq2seq_len, shape.vocab_size, gen, device)
-        if name == "torch-transformer":
-            def loss_fn() -> torch.Tensor:
-                return model(source, target)
-        else:
-            def loss_fn() -> torch.Tensor:
-                return model(input_ids=source, labels=target).loss
-        tokens = source.numel() + target.numel()
-    else:
-        ids = random_ids(shape.batch, shape.context, shape.vocab_size, gen, device)
-
-        def loss_fn() -> torch.Tensor:
-            return model(input_ids=ids, labels=ids).loss
-        tokens = ids.numel()
-
-    def step() -> int:
-        loss = loss_fn()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise RuntimeError(f"{name}: training loss is not finite ({value}).")
-        return tokens
-
-    return step, model
-
-
-# ----------------------------------------------------------------------------------------------- timing
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def interleaved(steps: dict[str, Callable[[], int]], rounds: int, repeats: int, warmup: int,
-                device: str = "cpu") -> dict[str, list[float]]:
-    """Time each step round-robin; round r starts at implementation r mod n. Returns tokens/s per round."""
-    names = list(steps)
-    for name in names:
-        for _ in range(warmup):
-            steps[name]()
-    rates: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for name in order:
-            _sync(device)
-            start = time.perf_counter()
-            tokens = sum(steps[name]() for _ in range(repeats))
-            _sync(device)
-            rates[name].append(tokens / (time.perf_counter() - start))
-    return rates
-
-
-def summarize(rates: dict[str, list[float]], reference: str) -> dict[str, dict[str, float]]:
-    """Median tokens/s and the median of per-round ratios to `reference` for every implementation."""
-    out = {}
-    for name, values in rates.items():
-        ratios = [v / ref for v, ref in zip(values, rates[reference], strict=True)]
-        out[name] = {
-            "tokens_per_second": statistics.median(values),
-            "ratio_vs_reference": statistics.median(ratios),
-            "rounds": len(values),
-        }
-    return out
-
-
-def run_workload(workload: str, shape: BenchmarkShape, rounds: int, repeats: int, warmup: int,
-                 device: str = "cpu", compile_backend: str = "inductor") -> dict:
-    """Build every implementation of `workload`, time them interleaved, and summarise.
-
-    `compile_backend` is the torch.compile backend of the "-compiled" generation rows; "none" leaves them out.
-    """
-    reference, names = WORKLOADS[workload]
-    params: dict[str, int] = {}
-    compile_seconds: dict[str, float] = {}
-    steps = {}
-    if workload.startswith("train"):
-        for name in names:
-            steps[name], model = training_step(name, shape, device)
-            params[name] = count_parameters(model)
-    else:
-        batch = shape.batch if workload == "generate_b8" else 1
-        for name in names:
-            if name.endswith(COMPILED_SUFFIX) and compile_backend == "none" or "-int8" in name and not \
-                    int8_available():
-                continue
-            steps[name], seconds = generation_step(name, shape, batch, device, compile_backend)
-            if seconds is not None:
-                compile_seconds[name] = seconds
-    rates = interleaved(steps, rounds, repeats, warmup, device)
-    result = {"reference": reference, "implementations": summarize(rates, reference), "raw_tokens_per_second": rates}
-    if params:
-        result["parameters"] = params
-    if compile_seconds:
-        result["compile_seconds"] = compile_seconds
-        result["compile_backend"] = compile_backend
-    for who in ("minitx", "gpt2"):
-        if f"{who}{COMPILED_SUFFIX}" in rates:
-            compiled, eager = rates[f"{who}{COMPILED_SUFFIX}"], rates[who]
-            result[f"{who}_compiled_speedup"] = statistics.median(c / e for c, e in zip(compiled, eager, strict=True))
-    for low in LOW_PRECISION_ROWS:
-        if low in rates and workload.startswith("generate"):  # over our own fp32 eager, round by round
-            result[f"{low}_vs_fp32"] = statistics.median(x / f for x, f in zip(rates[low], rates["minitx"], strict=True))
-    if "minitx-int8-compiled" in rates and "minitx-compiled" in rates:  # both compiled
-        result["minitx-int8-compiled_vs_fp32_compiled"] = statistics.median(
-            x / f for x, f in zip(rates["minitx-int8-compiled"], rates["minitx-compiled"], strict=True))
-    if workload == "generate_b1":
-        cached, uncached = rates["minitx"], rates["minitx-no-cache"]
-        result["minitx_cache_speedup"] = statistics.median(c / u for c, u in zip(cached, uncached, strict=True))
-        cached, uncached = rates["gpt2"], rates["gpt2-no-cache"]
-        result["gpt2_cache_speedup"] = statistics.median(c / u for c, u in zip(cached, uncached, strict=True))
-    return result
-
-
-# ----------------------------------------------------------------------------------------------- memory
-
-
-def _status_bytes(field: str) -> int | None:
-    """A memory line of /proc/self/status (Linux) in bytes, or None elsewhere."""
-    try:
-        with open("/proc/self/status") as f:
-            line = next(line for line in f if line.startswith(field + ":"))
-    except (OSError, StopIteration):
-        return None
-    return int(line.split()[1]) * 1024  # "VmHWM:  123456 kB"
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS mark (Linux: write 5 to clear_refs), so import spikes are not counted."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
-
-
-def _peak_rss_bytes() -> int:
-    peak = _status_bytes("VmHWM")
-    if peak is not None:
-        return peak
-    import resource
-
-    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-
-
-def memory_probe(name: str, shape: BenchmarkShape, steps: int = 2, device: str = "cpu") -> dict[str, float]:
-    """Peak memory of `steps` training steps of `name` in this process (meant to be a fresh subprocess).
-
-    CPU: peak resident set size, and its growth over the resident size after imports (the peak mark is reset
-    after imports where the OS allows it). CUDA: max_memory_allocated.
-    """
-    import transformers  # noqa: F401  (imported before the baseline so every implementation pays it alike)
-
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-        step, _ = training_step(name, shape, device)
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-        return {"peak_bytes": float(torch.cuda.max_memory_allocated()), "kind": "cuda_max_memory_allocated"}
-    reset = _reset_peak_rss()
-    baseline = _status_bytes("VmRSS") if reset else _peak_rss_bytes()
-    step, _ = training_step(name, shape, device)
-    for _ in range(steps):
-        step()
-    peak = _peak_rss_bytes()
-    return {"peak_bytes": float(peak), "growth_bytes": float(peak - baseline), "kind": "peak_rss",
-            "peak_reset_after_imports": reset}
-
-
-def measure_memory(shape: BenchmarkShape, threads: int, device: str = "cpu",
-                   names: tuple[str, ...] = MEMORY_IMPLEMENTATIONS) -> dict[str, dict[str, float]]:
-    """Run `memory_probe` for each implementation in a fresh Python subprocess."""
-    results = {}
-    for name in names:
-        code = (
-            "import json, sys, torch; from hf_minitx.tools.benchmark.run import BenchmarkShape, memory_probe; "
-            f"torch.set_num_threads({threads}); "
-            f"print(json.dumps(memory_probe({name!r}, BenchmarkShape(**{asdict(shape)!r}), device={device!r})))"
-        )
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"memory probe of {name} failed:\n{done.stderr[-2000:]}")
-        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
-    return results
-
-
-# ----------------------------------------------------------------------------------------------- MFU (CUDA)
-
-
-def training_flops_per_token(model: nn.Module, layers: int, hidden: int, context: int) -> float:
-    """6·N for the weights' matmuls (forward + backward) plus 12·layers·hidden·context for attention scores."""
-    return 6.0 * count_parameters(model) + 12.0 * layers * hidden * context
-
-
-def measure_mfu(compile_model: bool, steps: int = 10, batch: int = 8, peak_flops: float | None = None) -> dict:
-    """MFU of hf_minitx training at the GPT-2-small shape (124M, context 1024) in bf16 autocast on CUDA."""
-    shape = BenchmarkShape(vocab_size=50304, context=1024, layers=12, hidden=768, heads=12, batch=batch,
-                           prompt_len=1, new_tokens=1)
-    name = torch.cuda.get_device_name()
-    peak = peak_flops or next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
-    if peak is None:
-        raise ValueError(f"Unknown peak bf16 FLOP/s for GPU {name!r}; pass --peak-tflops.")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    model = build("minitx-sdpa", shape).cuda().train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    forward = torch.compile(model) if compile_model else model
-    ids = torch.randint(4, shape.vocab_size, (batch, shape.context), device="cuda")
-
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = forward(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
-    flops = training_flops_per_token(model, shape.layers, shape.hidden, shape.context) * ids.numel()
-    return {"gpu": name, "compiled": compile_model, "step_seconds": seconds,
-            "tokens_per_second": ids.numel() / seconds, "mfu": flops / seconds / peak, "peak_flops": peak}
-
-
-# ----------------------------------------------------------------------------------------------- driver
+from .speed import WORKLOADS, format_table, run_workload
 
 
 def machine_description(threads: int, device: str) -> dict:
@@ -327,7 +49,8 @@ def machine_description(threads: int, device: str) -> dict:
     except (OSError, StopIteration):
         pass
     info = {
-        "cpu": cpu, "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "cpu": cpu, "cpu_count": os.cpu_count(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "torch_threads": threads, "device": device, "python": platform.python_version(), "torch": torch.__version__,
         "transformers": transformers.__version__, "hf_minitx": _package_version(), "platform": platform.platform(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -375,40 +98,6 @@ def run_benchmark(shape: BenchmarkShape, *, rounds: int = 5, repeats: int = 1, w
     return result
 
 
-def format_table(result: dict) -> str:
-    """A Markdown table of the medians and paired ratios (and memory, cache speed-up, MFU when present)."""
-    lines = ["| workload | implementation | tokens/s (median) | ratio vs reference |", "|---|---|---:|---:|"]
-    for workload, data in result["workloads"].items():
-        for name, figures in data["implementations"].items():
-            ref = " (reference)" if name == data["reference"] else ""
-            lines.append(f"| {workload} | {name}{ref} | {figures['tokens_per_second']:.0f} | "
-                         f"{figures['ratio_vs_reference']:.2f}x |")
-        for who in ("minitx", "gpt2"):
-            if f"{who}_cache_speedup" in data:
-                lines.append(f"| {workload} | {who} cache vs no cache | | {data[f'{who}_cache_speedup']:.1f}x |")
-            if f"{who}_compiled_speedup" in data:
-                seconds = data["compile_seconds"][f"{who}{COMPILED_SUFFIX}"]
-                lines.append(f"| {workload} | {who} compiled vs eager (compile {seconds:.0f} s, not timed) | | "
-                             f"{data[f'{who}_compiled_speedup']:.2f}x |")
-        for low in LOW_PRECISION_ROWS:
-            if f"{low}_vs_fp32" in data:
-                lines.append(f"| {workload} | {low} vs minitx fp32 | | {data[f'{low}_vs_fp32']:.2f}x |")
-        if "minitx-int8-compiled_vs_fp32_compiled" in data:
-            lines.append(f"| {workload} | minitx-int8-compiled vs minitx-compiled | | "
-                         f"{data['minitx-int8-compiled_vs_fp32_compiled']:.2f}x |")
-    if "memory" in result:
-        lines += ["", "| training peak memory | peak (MiB) | growth over imports (MiB) |", "|---|---:|---:|"]
-        for name, mem in result["memory"].items():
-            growth = f"{mem['growth_bytes'] / 2**20:.0f}" if "growth_bytes" in mem else "-"
-            lines.append(f"| {name} | {mem['peak_bytes'] / 2**20:.0f} | {growth} |")
-    mfu = result.get("mfu", {})
-    if "eager" in mfu:
-        lines += ["", "| MFU (GPT-2 small, bf16) | tokens/s | MFU |", "|---|---:|---:|"]
-        for kind in ("eager", "compiled"):
-            lines.append(f"| {kind} | {mfu[kind]['tokens_per_second']:.0f} | {100 * mfu[kind]['mfu']:.1f}% |")
-    return "\n".join(lines)
-
-
 def _shape_help(name: str, text: str) -> dict:
     return {"help": f"{text} (default {getattr(BenchmarkShape(), name)}; --quick {getattr(QUICK_SHAPE, name)})"}
 
@@ -446,7 +135,8 @@ class BenchmarkArguments:
     data_prep_block_size: int = field(default=256, metadata={"help": "data preparation: tokens per packed block"})
     data_prep_rounds: int = field(default=1, metadata={"help": "data preparation: rounds of every side (median)"})
     no_data_prep: bool = field(default=False, metadata={
-        "help": "skip the data-preparation section (hf_minitx vs run_clm's map + group_texts, line and paragraph rows)"})
+        "help": "skip the data-preparation section (hf_minitx vs run_clm's map + group_texts, line and paragraph "
+                "rows)"})
     data_prep_only: bool = field(default=False, metadata={"help": "run the data-preparation section alone"})
     no_quality: bool = field(default=False, metadata={
         "help": "skip the quality section (bits/byte at equal wall time vs GPT-2 trained the nanoGPT way)"})
@@ -550,5 +240,4 @@ def _written_by_us(path: Path) -> bool:
         return False
 
 
-__all__ = ["BenchmarkShape", "QUICK_SHAPE", "WORKLOADS", "build", "run_benchmark", "run_workload", "summarize",
-           "interleaved", "memory_probe", "measure_memory", "measure_mfu", "format_table", "BenchmarkArguments", "main"]
+__all__ = ["BenchmarkArguments", "machine_description", "main", "run_benchmark"]
