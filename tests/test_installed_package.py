@@ -35,6 +35,7 @@ def test_wheel_holds_presets_recipes_card_template_and_the_command(wheel):
         assert f"hf_minitx/training/presets/{preset}.json" in names
     assert "hf_minitx/tools/recipes/kjv-gpt.json" in names and "hf_minitx/hub/model_card.md" in names
     assert "hf_minitx/tools/explorer.html" in names  # the page template of `minitx explore`
+    assert "hf_minitx/tools/benchmark/run.py" in names  # a subpackage: `minitx benchmark`
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "minitx = hf_minitx.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
     assert not any(name.startswith(("scripts/", "tests/", "tokenizer/")) for name in names)
@@ -52,7 +53,8 @@ def test_installed_wheel_trains_generates_stages_and_draws_from_an_empty_folder(
     python, minitx = venv / "bin" / "python", venv / "bin" / "minitx"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_MINITX_TRACEBACK")}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
-    run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)], cwd=tmp_path, env=env)
+    run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)],
+        cwd=tmp_path, env=env)
     work = tmp_path / "empty"
     work.mkdir()
     where = run([str(python), "-c", "import hf_minitx; print(hf_minitx.__file__)"], cwd=work, env=env).stdout
@@ -85,7 +87,8 @@ def test_accelerate_launch_runs_the_installed_package_with_two_processes(wheel, 
     python = venv / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
-    run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)], cwd=tmp_path, env=env)
+    run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)],
+        cwd=tmp_path, env=env)
     launch = [str(python), "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
               str(free_port()), "-m", "hf_minitx", "train"]

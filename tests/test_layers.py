@@ -74,8 +74,9 @@ def _sources() -> list[Path]:
 def test_the_parser_resolves_relative_imports():
     # known imports of the tree, so that a parser finding nothing cannot pass the layering tests below
     assert any(m == "hf_minitx.cli" for _, m in package_imports(PACKAGE / "training" / "loop.py"))
-    assert any(m == "hf_minitx.models.modeling_minitx" for _, m in package_imports(PACKAGE / "data" / "preprocessing.py"))
-    assert any(m == "hf_minitx.data" for _, m in package_imports(PACKAGE / "tools" / "data_prep_bench.py"))
+    assert any(m == "hf_minitx.models.modeling_minitx"
+               for _, m in package_imports(PACKAGE / "data" / "preprocessing.py"))
+    assert any(m == "hf_minitx.data" for _, m in package_imports(PACKAGE / "tools" / "benchmark" / "data_prep.py"))
     assert any(m == "hf_minitx.__version__" for _, m in package_imports(PACKAGE / "cli.py"))
 
 

@@ -19,7 +19,7 @@ from hf_minitx.models.decoding_minitx import (
     project_with,
     set_decode_layout,
 )
-from hf_minitx.tools.generation_bench import compile_config
+from hf_minitx.tools.benchmark.generation import compile_config
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=2)
 BUILDERS = [tiny_causal, tiny_seq2seq]
@@ -53,8 +53,8 @@ def test_generate_checks_the_inputs_once_not_on_every_token(build, monkeypatch):
     assert counts[0] == counts[1] and 1 <= counts[0] <= 3  # the prompt (and source) only, whatever the length
 
 
-@pytest.mark.parametrize("options", [{}, {"qk_norm": True, "num_key_value_heads": 2, "position_embedding_type": "rope"}],
-                         ids=["default", "qk_norm-gqa-rope"])
+@pytest.mark.parametrize("options", [{}, {"qk_norm": True, "num_key_value_heads": 2,
+                                      "position_embedding_type": "rope"}], ids=["default", "qk_norm-gqa-rope"])
 @pytest.mark.parametrize("build", BUILDERS, ids=KIND_IDS)
 def test_padded_decode_steps_give_the_tokens_of_full_forwards(build, options):
     """Greedy decoding by hand without a cache (every step a checked full forward, three q/k/v projections)

@@ -80,7 +80,8 @@ def int8_model(folder):
     from torchao.quantization import Int8WeightOnlyConfig
     from transformers import TorchAoConfig
 
-    return AutoModelForCausalLM.from_pretrained(folder, quantization_config=TorchAoConfig(Int8WeightOnlyConfig())).eval()
+    config = TorchAoConfig(Int8WeightOnlyConfig())
+    return AutoModelForCausalLM.from_pretrained(folder, quantization_config=config).eval()
 
 
 def test_int8_weight_only_generates_fp32_tokens_reading_int8_weights(pattern_model):
@@ -138,7 +139,7 @@ def test_int8_weights_of_an_odd_input_width_keep_torchao_call(tmp_path):
 @pytest.mark.slow
 def test_compiled_int8_decoding_gives_the_same_tokens(pattern_model):
     """The fastest CPU path (int8 weights read as int8, decode steps compiled over a static cache) keeps the tokens."""
-    from hf_minitx.tools.generation_bench import compile_config
+    from hf_minitx.tools.benchmark.generation import compile_config
 
     reference, _ = generate_watching(AutoModelForCausalLM.from_pretrained(pattern_model).eval())
     model = int8_model(pattern_model)
@@ -150,7 +151,8 @@ def test_a_short_call_reads_int8_weights_as_int8_too(pattern_model, monkeypatch)
     """Below the decode layout's length the dense weights are read as stored, but int8 ones still go through
     their int8 copy: one kernel at every length, so the first tokens do not depend on max_new_tokens."""
     monkeypatch.setattr(decoding_minitx, "DECODE_LAYOUT_MIN_NEW_TOKENS", DECODE_LAYOUT_MIN_NEW_TOKENS)
-    short = dict(GREEDY, max_new_tokens=DECODE_LAYOUT_MIN_NEW_TOKENS - 1, min_new_tokens=DECODE_LAYOUT_MIN_NEW_TOKENS - 1)
+    short = dict(GREEDY, max_new_tokens=DECODE_LAYOUT_MIN_NEW_TOKENS - 1,
+                 min_new_tokens=DECODE_LAYOUT_MIN_NEW_TOKENS - 1)
     _, seen = generate_watching(AutoModelForCausalLM.from_pretrained(pattern_model).eval(), **short)
     assert seen == set()  # fp32: no copies for a short call
     model = int8_model(pattern_model)
@@ -168,5 +170,6 @@ def test_the_finite_weights_check_reads_int8_weights(pattern_model):
     check_finite_weights(model, pattern_model)
     weight = model.model.decoder.layers[0].mlp.fc1.weight
     weight.scale[0] = float("nan")
-    with pytest.raises(ValueError, match=r"non-finite value\(s\) \(NaN or inf\) in model\.decoder\.layers\.0\.mlp\.fc1"):
+    with pytest.raises(ValueError,
+                       match=r"non-finite value\(s\) \(NaN or inf\) in model\.decoder\.layers\.0\.mlp\.fc1"):
         check_finite_weights(model, pattern_model)

@@ -7,13 +7,17 @@ import json
 import math
 import re
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
 
-from hf_minitx.tools import benchmark
-from hf_minitx.tools.benchmark import WORKLOADS, BenchmarkShape, count_parameters, summarize
-from hf_minitx.tools.generation_bench import int8_available
+import hf_minitx
+from hf_minitx.tools.benchmark import run
+from hf_minitx.tools.benchmark.generation import int8_available
+from hf_minitx.tools.benchmark.memory import MEMORY_IMPLEMENTATIONS, PACKAGE_ROOT
+from hf_minitx.tools.benchmark.models import BenchmarkShape, build, count_parameters
+from hf_minitx.tools.benchmark.speed import WORKLOADS, format_table, interleaved, run_workload, summarize
 
 TINY = ["--vocab-size", "64", "--context", "16", "--layers", "2", "--hidden", "32", "--heads", "2",
         "--batch", "2", "--seq2seq-len", "8", "--prompt-len", "4", "--new-tokens", "6", "--rounds", "2",
@@ -25,7 +29,7 @@ TINY = ["--vocab-size", "64", "--context", "16", "--layers", "2", "--hidden", "3
 def tiny_run(tmp_path_factory):
     """One full tiny run through the command-line entry point, memory subprocesses included."""
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    returned = benchmark.main(TINY + ["--json", str(out)])
+    returned = run.main(TINY + ["--json", str(out)])
     return returned, json.loads(out.read_text())
 
 
@@ -39,7 +43,7 @@ def test_json_has_every_workload_and_implementation(tiny_run):
         int8 = set() if int8_available() else {"minitx-int8", "minitx-int8-compiled"}  # torchao: an opt-in extra
         assert set(data["implementations"]) == set(names) - int8
         assert all(len(v) == 2 for v in data["raw_tokens_per_second"].values())
-    assert set(result["memory"]) == set(benchmark.MEMORY_IMPLEMENTATIONS)
+    assert set(result["memory"]) == set(MEMORY_IMPLEMENTATIONS)
     assert "skipped" in result["mfu"]  # CPU run: MFU is CUDA-only
     machine = result["machine"]
     for key in ("cpu", "load_average", "load_average_end", "torch", "transformers", "hf_minitx", "torch_threads"):
@@ -84,7 +88,7 @@ def test_figures_positive_finite_and_ratios_match_raw(tiny_run):
         for low in ("minitx-bf16", "minitx-int8", "minitx-int8-compiled")[:1 + 2 * int8_available()]:
             ratio = statistics.median(x / f for x, f in zip(raw[low], raw["minitx"], strict=True))
             assert data[f"{low}_vs_fp32"] == pytest.approx(ratio)
-            assert f"| {workload} | {low} vs minitx fp32 | | {ratio:.2f}x |" in benchmark.format_table(result)
+            assert f"| {workload} | {low} vs minitx fp32 | | {ratio:.2f}x |" in format_table(result)
         if int8_available():  # compiled over compiled too
             ratio = statistics.median(x / f for x, f in zip(raw["minitx-int8-compiled"], raw["minitx-compiled"],
                                                             strict=True))
@@ -92,8 +96,7 @@ def test_figures_positive_finite_and_ratios_match_raw(tiny_run):
 
 
 def test_the_bf16_row_generates_with_bf16_weights():
-    from hf_minitx.tools.bench_models import build
-    from hf_minitx.tools.generation_bench import generation_step, lower_precision
+    from hf_minitx.tools.benchmark.generation import generation_step, lower_precision
 
     shape = BenchmarkShape(vocab_size=64, context=16, layers=2, hidden=32, heads=2, batch=2, seq2seq_len=8,
                            prompt_len=4, new_tokens=5)
@@ -107,14 +110,14 @@ def test_the_bf16_row_generates_with_bf16_weights():
 def test_compiled_generation_rows_are_left_out_with_backend_none():
     shape = BenchmarkShape(vocab_size=64, context=16, layers=2, hidden=32, heads=2, batch=2, seq2seq_len=8,
                            prompt_len=4, new_tokens=3)
-    result = benchmark.run_workload("generate_b8", shape, rounds=1, repeats=1, warmup=0, compile_backend="none")
+    result = run_workload("generate_b8", shape, rounds=1, repeats=1, warmup=0, compile_backend="none")
     assert not any(name.endswith("-compiled") for name in result["implementations"])
     assert {"gpt2", "minitx", "minitx-bf16"} <= set(result["implementations"])
     assert "compile_seconds" not in result and "minitx_compiled_speedup" not in result
 
 
 def test_seq2seq_generation_step_makes_exactly_the_new_tokens():
-    from hf_minitx.tools.generation_bench import generation_step
+    from hf_minitx.tools.benchmark.generation import generation_step
 
     shape = BenchmarkShape(vocab_size=64, context=16, layers=2, hidden=32, heads=2, batch=2, seq2seq_len=8,
                            prompt_len=4, new_tokens=5)
@@ -145,8 +148,13 @@ def test_summarize_takes_medians_and_paired_ratios():
 def test_interleaving_rotates_the_order():
     calls = []
     steps = {name: (lambda name=name: calls.append(name) or 1) for name in "abc"}
-    benchmark.interleaved(steps, rounds=3, repeats=1, warmup=0)
+    interleaved(steps, rounds=3, repeats=1, warmup=0)
     assert calls == list("abc" "bca" "cab")
+
+
+def test_memory_probes_import_the_package_they_are_part_of():
+    # each probe runs in a fresh interpreter, with the folder that holds hf_minitx first on its path
+    assert (PACKAGE_ROOT / "hf_minitx" / "__init__.py").samefile(Path(hf_minitx.__file__))
 
 
 def test_bad_shape_is_rejected_before_work():
@@ -155,19 +163,19 @@ def test_bad_shape_is_rejected_before_work():
     with pytest.raises(ValueError, match="positive integer"):
         BenchmarkShape(batch=0).check()
     with pytest.raises(ValueError, match="divisible by heads"):
-        benchmark.main(["--hidden", "30", "--heads", "4", "--no-memory"])
+        run.main(["--hidden", "30", "--heads", "4", "--no-memory"])
     with pytest.raises(ValueError, match="Unknown implementation"):
-        benchmark.build("gpt3", BenchmarkShape())
+        build("gpt3", BenchmarkShape())
 
 
 def test_minitx_matches_gpt2_parameter_count_at_default_shape():
     shape = BenchmarkShape(vocab_size=512, context=32, hidden=64, heads=4, layers=2)
-    assert count_parameters(benchmark.build("minitx-sdpa", shape)) == count_parameters(benchmark.build("gpt2", shape))
+    assert count_parameters(build("minitx-sdpa", shape)) == count_parameters(build("gpt2", shape))
 
 
 @pytest.mark.slow
 def test_data_preparation_section_compares_every_recipe_on_the_same_text():
-    from hf_minitx.tools.data_prep_bench import BASELINES, SIDES, format_data_prep, run_data_prep
+    from hf_minitx.tools.benchmark.data_prep import BASELINES, SIDES, format_data_prep, run_data_prep
 
     result = run_data_prep(megabytes=0.3, vocab_size=300, block_size=32, log=lambda _: None)
     assert set(result["sides"]) == set(SIDES) and result["text_bytes"] > 250_000
@@ -190,9 +198,9 @@ def test_data_preparation_section_compares_every_recipe_on_the_same_text():
 
 def test_data_preparation_alone_and_its_settings_are_checked_first():
     with pytest.raises(ValueError, match="--data_prep_only contradicts"):
-        benchmark.main(["--data_prep_only", "--no_data_prep"])
+        run.main(["--data_prep_only", "--no_data_prep"])
     with pytest.raises(ValueError, match="--data_prep_block_size must be >= 2"):
-        benchmark.main(["--data_prep_only", "--data_prep_block_size", "1"])
+        run.main(["--data_prep_only", "--data_prep_block_size", "1"])
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -201,4 +209,4 @@ def test_data_preparation_alone_and_its_settings_are_checked_first():
 ])
 def test_bad_benchmark_options_are_refused_before_work(argv, message):
     with pytest.raises(ValueError, match=message):
-        benchmark.main(["--quick", "--no_memory", "--no_data_prep", "--no_quality", *argv])
+        run.main(["--quick", "--no_memory", "--no_data_prep", "--no_quality", *argv])

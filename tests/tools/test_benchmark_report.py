@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_minitx.tools import benchmark_report
-from hf_minitx.tools.benchmark import summarize
-from hf_minitx.tools.benchmark_report import (
+from hf_minitx.tools.benchmark import report
+from hf_minitx.tools.benchmark.report import (
     HEADLINE_BLOCK,
     PAGE_BLOCK,
     read_result,
@@ -18,6 +17,7 @@ from hf_minitx.tools.benchmark_report import (
     render_pages,
     replace_block,
 )
+from hf_minitx.tools.benchmark.speed import summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED_RESULTS = ROOT / "docs" / "benchmark"
@@ -56,10 +56,11 @@ def results(quality: bool = True) -> dict:
 def test_the_headline_names_each_figure_its_reference_its_command_and_the_machine():
     headline = render_headline(results())
     rows = [line for line in headline.splitlines() if line.startswith("| ")][1:]
-    assert rows[0] == ("| quality at equal time, `builtin:kjv`, 30 s (bits/byte, lower is better) | 2.000 | GPT-2 2.500 "
-                       "| 0.800x | `minitx benchmark --quick --no_quality` |")
+    assert rows[0] == ("| quality at equal time, `builtin:kjv`, 30 s (bits/byte, lower is better) | 2.000 | "
+                       "GPT-2 2.500 | 0.800x | `minitx benchmark --quick --no_quality` |")
     # medians 125.5 vs 105; the paired ratio is the median of 1.3 and 1.1
-    assert rows[1] == "| decoder-only training (tokens/s) | 126 | GPT-2 105 | 1.20x | `minitx benchmark --quick --no_quality` |"
+    assert rows[1] == ("| decoder-only training (tokens/s) | 126 | GPT-2 105 | 1.20x | "
+                       "`minitx benchmark --quick --no_quality` |")
     assert rows[2].startswith("| generation, batch 1 (tokens/s) | 60 | GPT-2 45 | 1.35x |")
     assert len(rows) == 3  # workloads the run left out have no row
     for fact in ("2026-11-25 18:00 UTC", "Test CPU 9000", "2 cores", "1 torch thread;", "torch 2.13.0",
@@ -107,11 +108,11 @@ def test_the_command_rewrites_the_page_and_the_readme_and_writes_neither_when_on
     paths = ["--json", str(data), "--page", str(page), "--readme", str(readme)]
     before = page.read_text()
     with pytest.raises(ValueError, match="README.md: expected one pair of markers"):
-        benchmark_report.main(paths)
+        report.main(paths)
     assert page.read_text() == before
     readme.write_text(f"# hf_minitx\n<!-- minitx benchmark-report: {HEADLINE_BLOCK} begin -->\nstale\n"
                       f"<!-- minitx benchmark-report: {HEADLINE_BLOCK} end -->\n")
-    benchmark_report.main(paths)
+    report.main(paths)
     assert render_page(results()) in page.read_text() and page.read_text().endswith("\nprose\n")
     assert render_headline(results()) in readme.read_text() and "stale" not in readme.read_text()
     (tmp_path / "list.json").write_text("[]")
@@ -137,7 +138,8 @@ def test_several_runs_render_one_after_the_other_each_with_its_machine(tmp_path)
     for name, result in (("1-speed.json", speed), ("2-quality.json", quality)):
         (tmp_path / name).write_text(json.dumps(result))
     loaded = read_results([tmp_path])
-    assert [r["command"] for r in loaded] == ["minitx benchmark --quick --no_quality", "minitx benchmark --quality_only"]
+    assert [r["command"] for r in loaded] == ["minitx benchmark --quick --no_quality",
+                                              "minitx benchmark --quality_only"]
     headline = render_headline(loaded)
     assert headline.count("Measured by") == 2 and "2 torch threads" in headline  # the quality run's own threads
     assert "| 0.800x | `minitx benchmark --quality_only` |" in headline

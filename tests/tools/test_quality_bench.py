@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hf_minitx.tools import benchmark
-from hf_minitx.tools.quality_bench import (
+from hf_minitx.tools.benchmark import run
+from hf_minitx.tools.benchmark.quality import (
     CURVE_POINTS,
     NANOGPT,
     QualitySettings,
@@ -115,7 +115,7 @@ def test_bad_quality_settings_are_refused_before_work(settings, message):
 
 def test_bad_quality_settings_are_refused_by_the_command(tmp_path):
     with pytest.raises(ValueError, match="--quality_seconds"):
-        benchmark.main(["--quality_only", "--quality_seconds", "-5", "--json", str(tmp_path / "x.json")])
+        run.main(["--quality_only", "--quality_seconds", "-5", "--json", str(tmp_path / "x.json")])
     assert not (tmp_path / "x.json").exists()
 
 

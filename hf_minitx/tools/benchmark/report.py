@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .benchmark import format_table
-from .data_prep_bench import format_data_prep
-from .quality_bench import format_quality
+from .data_prep import format_data_prep
+from .quality import format_quality
+from .speed import format_table
 
 RESULTS_FOLDER = "docs/benchmark"  # the committed benchmark JSON files the docs are rendered from
 PAGE_BLOCK = "tables"
@@ -159,7 +159,8 @@ def read_result(path: str | Path) -> dict:
     try:
         result = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"--json {path}: no such file; write it with `minitx benchmark --json {path}`") from None
+        raise FileNotFoundError(
+            f"--json {path}: no such file; write it with `minitx benchmark --json {path}`") from None
     except ValueError as error:
         raise ValueError(f"--json {path} is not valid JSON ({error}); write it again with minitx benchmark") from None
     if not isinstance(result, dict) or "machine" not in result:
@@ -170,7 +171,7 @@ def read_result(path: str | Path) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Rewrite the marked parts of the Performance page and the README from the JSON."""
-    from ..cli import parse_arguments
+    from ...cli import parse_arguments
 
     (args,) = parse_arguments([ReportArguments], argv, prog="minitx benchmark-report", description=(
         "Render docs/performance.md's tables and README.md's headline table from `minitx benchmark --json`."))
@@ -190,4 +191,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"rewrote the generated part of {path} from {' '.join(args.json)}")
 
 
-__all__ = ["render_page", "render_pages", "render_headline", "read_results", "headline_rows", "replace_block", "describe_run", "read_result", "main"]
+__all__ = ["render_page", "render_pages", "render_headline", "read_results", "headline_rows", "replace_block",
+           "describe_run", "read_result", "main"]

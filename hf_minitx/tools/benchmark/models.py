@@ -1,7 +1,7 @@
 """The implementations every speed benchmark builds, at one shared shape, and their inputs.
 
-`benchmark` times them against each other and `generation_bench` builds their `generate()` steps; both read
-the models from here, so neither imports the other's module.
+`speed` and `memory` build their training steps from here and `generation` their `generate()` steps, so every
+section measures the very same models.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ QUICK_SHAPE = BenchmarkShape(vocab_size=2048, context=128, layers=2, hidden=128,
 
 def minitx_causal(shape: BenchmarkShape, attn: str = "sdpa") -> nn.Module:
     """hf_minitx decoder-only model configured like GPT-2: learned positions, pre-LN, gelu, tied, biases."""
-    from ..models.configuration_minitx import MiniTxConfig
-    from ..models.modeling_minitx import MiniTxForCausalLM
+    from ...models.configuration_minitx import MiniTxConfig
+    from ...models.modeling_minitx import MiniTxForCausalLM
 
     config = MiniTxConfig(
         vocab_size=shape.vocab_size, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
@@ -83,8 +83,8 @@ def gpt2(shape: BenchmarkShape, activation: str = "gelu_new") -> nn.Module:
 
 def minitx_seq2seq(shape: BenchmarkShape) -> nn.Module:
     """hf_minitx encoder-decoder like BART: post-LN, learned positions, gelu, tied, layers split evenly."""
-    from ..models.configuration_minitx import MiniTxConfig
-    from ..models.modeling_minitx import MiniTxForConditionalGeneration
+    from ...models.configuration_minitx import MiniTxConfig
+    from ...models.modeling_minitx import MiniTxForConditionalGeneration
 
     config = MiniTxConfig(
         vocab_size=shape.vocab_size, hidden_size=shape.hidden, num_attention_heads=shape.heads,

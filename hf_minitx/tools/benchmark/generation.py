@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .bench_models import build, random_ids
+from .models import build, random_ids
 
 COMPILED_SUFFIX = "-compiled"
 SEQ2SEQ_NAMES = ("bart", "minitx-seq2seq")
@@ -69,8 +69,8 @@ def generation_step(name: str, shape, batch: int, device: str = "cpu",
     """Return (step, compile seconds): step() runs one greedy generate() and returns the tokens made.
 
     `name` is a benchmark implementation ("gpt2", "minitx", "bart", "minitx-seq2seq", "*-no-cache", "minitx-bf16",
-    "minitx-int8"), or one of them with "-compiled": static cache + torch.compile with `backend`. For a compiled step the first call
-    (compilation included) runs here; the compile time is that call minus a steady call.
+    "minitx-int8"), or one of them with "-compiled": static cache + torch.compile with `backend`. For a compiled
+    step the first call (compilation included) runs here; the compile time is that call minus a steady call.
     """
     base = name.removesuffix(COMPILED_SUFFIX)
     precise = next((base.removesuffix(s) for s in LOW_PRECISION_SUFFIXES if base.endswith(s)), base)

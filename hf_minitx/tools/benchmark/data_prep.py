@@ -72,7 +72,7 @@ def write_text_corpus(folder: Path, megabytes: float, files: int = 4, seed: int 
 
 def prepare_minitx(files: list[str], tokenizer_dir: str, block_size: int) -> int:
     """hf_minitx's preparation; returns the number of packed training rows."""
-    from ..data import load_corpus, load_tokenizer, tokenize_and_pack
+    from ...data import load_corpus, load_tokenizer, tokenize_and_pack
 
     tokenizer = load_tokenizer(tokenizer_dir)
     packed = tokenize_and_pack(load_corpus(",".join(files)), tokenizer, block_size)
@@ -93,7 +93,7 @@ def prepare_run_clm(files: list[str], tokenizer_dir: str, block_size: int, sampl
     ``paragraph``), tokenize with map, group with map. Returns the number of blocks."""
     import datasets
 
-    from ..data import load_tokenizer
+    from ...data import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
     procs = os.cpu_count() or 1
@@ -111,8 +111,8 @@ def measure_side(side: str, files: list[str], tokenizer_dir: str, block_size: in
     """Run one side in a fresh subprocess with an empty datasets cache; its seconds and cache bytes."""
     cache = Path(tempfile.mkdtemp(prefix=f"prep-{side}-"))
     env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "hf_minitx.tools.data_prep_bench", "--side", side, "--block_size", str(block_size),
-               "--tokenizer", tokenizer_dir, *files]
+    command = [sys.executable, "-m", "hf_minitx.tools.benchmark.data_prep", "--side", side,
+               "--block_size", str(block_size), "--tokenizer", tokenizer_dir, *files]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:
@@ -128,7 +128,7 @@ def run_data_prep(*, megabytes: float = 100.0, files: list[str] | None = None, r
                   vocab_size: int = 8192, log=print) -> dict:
     """Every side on the same text and tokenizer; MB/s, tokens and cache/text ratios per side, and the
     speed-up of minitx over the faster baseline, paired round by round."""
-    from ..data import train_bpe_tokenizer
+    from ...data import train_bpe_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="data-prep-"))
     try:
@@ -180,7 +180,7 @@ def format_data_prep(result: dict) -> str:
 
 def _side_main(argv: list[str]) -> None:
     """Subprocess entry: time one side, print its figures as one JSON line."""
-    parser = argparse.ArgumentParser(prog="python -m hf_minitx.tools.data_prep_bench")
+    parser = argparse.ArgumentParser(prog="python -m hf_minitx.tools.benchmark.data_prep")
     parser.add_argument("--side", choices=SIDES, required=True)
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--block_size", type=int, default=256)
@@ -192,7 +192,7 @@ def _side_main(argv: list[str]) -> None:
         prepare = functools.partial(prepare_run_clm, sample_by="line" if args.side == "run_clm-lines" else "paragraph")
     import datasets  # noqa: F401  imports are not timed
 
-    from .. import data  # noqa: F401
+    from ... import data  # noqa: F401
     start = time.perf_counter()
     cpu = _cpu_seconds()
     rows = prepare(args.files, args.tokenizer, args.block_size)

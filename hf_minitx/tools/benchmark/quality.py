@@ -79,7 +79,7 @@ class QualitySettings:
 
 def our_arguments(settings: QualitySettings, data: Path, tokenizer: Path, out: Path) -> list[str]:
     """The `minitx train` arguments of our side (checked: unknown or bad --quality_ours_args fail here)."""
-    from ..training.arguments import parse_training_args
+    from ...training.arguments import parse_training_args
 
     args = ["--task", "causal-lm", "--dataset", str(data), "--tokenizer", str(tokenizer),
             "--config_overrides", SHAPE_OVERRIDES.format(**asdict(settings)),
@@ -95,7 +95,7 @@ def our_arguments(settings: QualitySettings, data: Path, tokenizer: Path, out: P
 
 def our_data_arguments(settings: QualitySettings) -> Any:
     """Our side's data arguments: its block size and tokenizer vocabulary, which both sides share."""
-    from ..training.arguments import parse_training_args
+    from ...training.arguments import parse_training_args
 
     return parse_training_args(our_arguments(settings, Path("data"), Path("tokenizer"), Path("out")))[1]
 
@@ -106,7 +106,7 @@ def our_data_arguments(settings: QualitySettings) -> Any:
 def corpus_text(corpus: str, max_chars: int) -> str:
     """The text of a builtin corpus (its rows joined by blank lines) or of a text file, cut at ``max_chars``."""
     if corpus.startswith("builtin:"):
-        from ..data.builtin import load_builtin
+        from ...data.builtin import load_builtin
 
         text = "\n\n".join(row["text"] for row in load_builtin(corpus.removeprefix("builtin:")))
     else:
@@ -268,7 +268,7 @@ def score_ours(settings: QualitySettings, out: Path, validation_text: str, summa
     """Our saved model and its checkpoints, scored like the reference."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .explore import find_snapshots, read_weights
+    from ..explore import find_snapshots, read_weights
 
     torch.set_num_threads(settings.num_threads)
     tokenizer = AutoTokenizer.from_pretrained(out)
@@ -333,14 +333,15 @@ def run_quality(settings: QualitySettings, log=print, work: Path | None = None) 
 
 
 def format_quality(quality: dict[str, Any]) -> str:
-    """Markdown: per corpus, the wall time, both sides' bits/byte, steps and tokens/s, and the ratio ours / reference."""
+    """Markdown: per corpus, the wall time, both sides' bits/byte, steps and tokens/s, and the ratio ours /
+    reference."""
     seconds = quality["settings"]["seconds"]
     lines = ["| corpus | seconds per side | GPT-2, nanoGPT recipe: bits/byte | steps | tokens/s | hf_minitx, `minitx "
              "train --max_minutes`: bits/byte | steps | tokens/s | ratio (lower is better) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for corpus, figures in quality["corpora"].items():
-        cells = [f"{_figure(side, 'bits_per_byte', 3)} | {side.get('steps', '-')} | {_figure(side, 'tokens_per_second', 0)}"
-                 for side in (figures["reference"], figures["ours"])]
+        cells = [f"{_figure(side, 'bits_per_byte', 3)} | {side.get('steps', '-')} | "
+                 f"{_figure(side, 'tokens_per_second', 0)}" for side in (figures["reference"], figures["ours"])]
         lines.append(f"| `{corpus}` | {seconds:g} | {cells[0]} | {cells[1]} | {figures['ratio']:.3f}x |")
     return "\n".join(lines)
 
