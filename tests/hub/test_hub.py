@@ -195,7 +195,8 @@ def test_verify_accepts_complete_folders(folders):
     assert info.kind == "seq2seq" and info.auto_class == "AutoModelForSeq2SeqLM"
     assert info.weight_files == ("model.safetensors",)
     assert set(info.code_files) == {"configuration_minitx.py", "modeling_minitx.py", "layers_minitx.py",
-                                    "attention_minitx.py", "positions_minitx.py", "decoding_minitx.py"}
+                                    "attention_minitx.py", "positions_minitx.py", "decoding_minitx.py",
+                                    "checks_minitx.py"}
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(info.tokenizer_files)
     assert info.num_parameters == MiniTxForConditionalGeneration.from_pretrained(folders["seq2seq"]).num_parameters()
     with pytest.raises(ModelFolderError, match="describes a seq2seq model, but a causal-lm model was expected"):
@@ -307,7 +308,7 @@ def test_stage_copies_exactly_the_shareable_files(causal_copy, tmp_path):
     assert staged == {
         "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
         "configuration_minitx.py", "modeling_minitx.py", "layers_minitx.py", "attention_minitx.py",
-        "positions_minitx.py", "decoding_minitx.py", "training_summary.json", "metrics.jsonl", "README.md",
+        "positions_minitx.py", "decoding_minitx.py", "checks_minitx.py", "training_summary.json", "metrics.jsonl", "README.md",
     }
     assert (staging / "model.safetensors").read_bytes() == (causal_copy / "model.safetensors").read_bytes()
     assert '"alice/kjv-tiny"' in (staging / "README.md").read_text()
