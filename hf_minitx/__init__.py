@@ -3,7 +3,7 @@
 The package is laid out as the architecture:
 
 - `hf_minitx.models`: the model, the Hub custom code (config, input checks, attention, positions, layers,
-  decoding, modeling);
+  decoding, the heads' shared part, modeling);
 - `hf_minitx.data`: corpora, the byte-level BPE tokenizer, tokenization and packing;
 - `hf_minitx.training`: arguments and presets, the training loop, loss, evaluation, checkpoints, run folders;
 - `hf_minitx.hub`: model folder checks, the model card, push and the clean-environment load check;

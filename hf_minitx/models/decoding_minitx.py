@@ -363,7 +363,8 @@ class MiniTxGrowingLayer(DynamicLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append (batch, kv_heads, new, head_dim) keys and values; return all of them, (batch, kv_heads, len, head_dim)."""
+        """Append (batch, kv_heads, new, head_dim) keys and values; return all of them,
+        (batch, kv_heads, len, head_dim)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         length, new = self.get_seq_length(), key_states.shape[-2]
@@ -380,7 +381,8 @@ class MiniTxGrowingLayer(DynamicLayer):
     def _views_of(self, room: tuple[torch.Tensor, torch.Tensor], length: int) -> bool:
         """Whether `keys` and `values` are still the first `length` positions of the buffers."""
         return length > 0 and all(
-            view.data_ptr() == buffer.data_ptr() and view.shape[:2] == buffer.shape[:2] and view.stride() == buffer.stride()
+            view.data_ptr() == buffer.data_ptr() and view.shape[:2] == buffer.shape[:2]
+            and view.stride() == buffer.stride()
             for view, buffer in zip((self.keys, self.values), room, strict=True))
 
     @staticmethod
@@ -425,8 +427,9 @@ def generate_in_decode_layout(model: nn.Module, generate: Callable[[], object], 
     The weights take the decode layout (`set_decode_layout`) for calls long enough to repay it
     (`decodes_long_enough`), int8 weight-only weights for every call (their copy costs little, and one kernel
     for any length keeps a call's first tokens the same whatever `max_new_tokens` says); the decoder stack
-    remembers the prompt's padding for every call. Afterwards, in a `finally`, the decode forwards are taken off, and a cache passed in or handed back forgets the remembered
-    padding (`forget_generation`), so later calls on it are checked as any other call.
+    remembers the prompt's padding for every call. Afterwards, in a `finally`, the decode forwards are taken
+    off, and a cache passed in or handed back forgets the remembered padding (`forget_generation`), so later
+    calls on it are checked as any other call.
     `config` is the call's generation config and `kwargs` its keyword arguments.
     """
     set_decode_layout(model, True, weight_parts(config, kwargs), dense=decodes_long_enough(config, kwargs))
@@ -450,9 +453,10 @@ def decode_step_inputs(
     """The model inputs of a decode step with a dynamic cache, or None where transformers' own preparation applies.
 
     Marks a dynamic cache as driven by `generate()` (so the decoder's `remembering_padding` keeps the prompt's
-    padding flags for the decode steps) and, while it is empty, gives it layers that grow in place (`grow_in_place`). When `lean`
-    (one new token after the first iteration, ids on the model's device), a decode step gets the last token
-    (batch, 1), the cache, the masks as they are and every other keyword argument of `kwargs`: the generic
+    padding flags for the decode steps) and, while it is empty, gives it layers that grow in place
+    (`grow_in_place`). When `lean` (one new token after the first iteration, ids on the model's device), a
+    decode step gets the last token (batch, 1), the cache, the masks as they are and every other keyword
+    argument of `kwargs`: the generic
     preparation would also inspect `forward`'s signature on every token (custom code) and copy the ids.
     """
     self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache

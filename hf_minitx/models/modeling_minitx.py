@@ -1,13 +1,19 @@
 """MiniTx models: the layer stack, the headless model and the two language-model heads.
 
+- `MiniTxPreTrainedModel`: weight initialisation, the transformers class attributes, `save_pretrained` with
+  the `auto_map` of every Auto class (`AUTO_MAP`).
+- `MiniTxStack`: embeddings + positions + encoder or decoder layers (+ the final norm of pre-LN).
 - `MiniTxModel`: a decoder-only stack, or encoder + decoder when `config.is_encoder_decoder`.
 - `MiniTxForCausalLM`: decoder-only language model (GPT-style).
-- `MiniTxForConditionalGeneration`: encoder-decoder sequence-to-sequence model (the paper's Transformer).
+- `MiniTxForConditionalGeneration`: encoder-decoder sequence-to-sequence model (the paper's Transformer), and
+  `shift_tokens_right`, which makes its decoder inputs from the labels.
+
+The input checks are in `checks_minitx.py`; what both heads share (logits, loss, generate()) in
+`lm_head_minitx.py`.
 """
 
 import math
 from collections.abc import Callable
-from functools import partial
 
 import torch
 from torch import nn
@@ -21,22 +27,17 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
-from transformers.utils import logging
 
 from .attention_minitx import cross_attention_mask, self_attention_mask
 from .checks_minitx import check_inputs, check_labels, check_lengths, check_model_kind, encoder_padding
 from .configuration_minitx import IGNORE_INDEX, MiniTxConfig
-
-# The heads import the decoding machinery at the top, not inside generate(): generate() and its input
-# preparation use it, and it imports only the layers (never this file), so nothing cycles; the layers
-# themselves know nothing of it.
-from .decoding_minitx import CACHE_NAME, cache_argument, decode_step_inputs, generate_in_decode_layout
+from .decoding_minitx import CACHE_NAME, cache_argument
 from .layers_minitx import MiniTxDecoderLayer, MiniTxEncoderLayer, MiniTxRMSNorm, make_norm
+from .lm_head_minitx import MiniTxLMHeadMixin
 from .positions_minitx import (
     POSITION_ENCODINGS,
     MiniTxPositionalEmbedding,
     MiniTxRotaryEmbedding,
-    check_generation_fits,
     positions_from_mask,
     rope_inverse_frequencies,
     sinusoidal_table,
@@ -49,7 +50,6 @@ AUTO_MAP = {
     "AutoModelForSeq2SeqLM": "modeling_minitx.MiniTxForConditionalGeneration",
 }
 
-logger = logging.get_logger(__name__)
 
 def resolve_output_flags(
     config: MiniTxConfig, output_attentions: bool | None, output_hidden_states: bool | None, return_dict: bool | None
@@ -88,7 +88,8 @@ class MiniTxPreTrainedModel(PreTrainedModel):
         std = self.config.initializer_range
         if module is getattr(self, "lm_head", None) and self.config.zero_init_head:
             init.zeros_(module.weight)  # every first prediction uniform: the loss starts at ln(vocab_size)
-        elif isinstance(module, nn.Linear) and self.config.zero_init_projections and getattr(module, "residual_output", False):
+        elif (isinstance(module, nn.Linear) and self.config.zero_init_projections
+              and getattr(module, "residual_output", False)):
             init.zeros_(module.weight)  # o_proj / fc2: each block starts as the identity
             if module.bias is not None:
                 init.zeros_(module.bias)
@@ -127,12 +128,12 @@ class MiniTxStack(nn.Module):
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
         positions = POSITION_ENCODINGS[config.position_embedding_type]
-        self.positions_attribute = positions.attribute  # "embed_positions" or "rotary_emb", as saved checkpoints name it
+        # "embed_positions" or "rotary_emb", as saved checkpoints name it
+        self.positions_attribute = positions.attribute
         setattr(self, positions.attribute, positions(config))
         self.dropout = nn.Dropout(config.hidden_dropout)
-        layer_cls, num_layers = (
-            (MiniTxDecoderLayer, config.num_hidden_layers) if is_decoder else (MiniTxEncoderLayer, config.num_encoder_layers)
-        )
+        layer_cls, num_layers = ((MiniTxDecoderLayer, config.num_hidden_layers) if is_decoder
+                                 else (MiniTxEncoderLayer, config.num_encoder_layers))
         self.layers = nn.ModuleList(layer_cls(config, layer_idx) for layer_idx in range(num_layers))
         # Post-LN ends every layer with a LayerNorm already; pre-LN needs one at the end of the stack.
         self.norm = make_norm(config) if config.norm_position == "pre" else None
@@ -336,87 +337,6 @@ class MiniTxModel(MiniTxPreTrainedModel):
             encoder_attentions=encoder_outputs.attentions,
         )
         return output if return_dict else output.to_tuple()
-
-
-class MiniTxLMHeadMixin:
-    """Shared `lm_head` handling of the two language-model heads."""
-
-    def output_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """(batch, seq, hidden) -> (batch, seq, vocab): `lm_head`, then c * tanh(logits / c) with a soft cap c."""
-        logits = self.lm_head(hidden_states)  # (batch, seq, vocab)
-        cap = self.config.final_logit_softcap
-        return logits if cap is None else cap * torch.tanh(logits / cap)
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
-
-    def generate(self, *args, **kwargs):
-        """transformers' `generate()`, after checking `num_beams` (0 beams otherwise fails deep inside it).
-
-        It runs in the decode layout (`decoding_minitx.generate_in_decode_layout`): the decoder reads its weights
-        as decoding reads them fastest, the dynamic cache grows in place and remembers the prompt's padding for
-        the decode steps; none of it outlives the call.
-        """
-        config = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None) or self.generation_config
-        beams = kwargs.get("num_beams", getattr(config, "num_beams", None))
-        if beams is not None and (not isinstance(beams, int) or isinstance(beams, bool) or beams < 1):
-            raise ValueError(f"generate(num_beams={beams!r}): num_beams must be an integer >= 1 "
-                             "(1 = greedy or sampling, more = beam search).")
-        return generate_in_decode_layout(self, partial(super().generate, *args, **kwargs), config, kwargs)
-
-    def _validate_generated_length(self, generation_config, input_ids_length: int, has_default_max_length: bool):
-        """transformers' length checks, then the position table's: a `max_new_tokens` that would run past
-        `max_position_embeddings` is refused before the first token, naming the largest that fits."""
-        super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
-        check_generation_fits(self.config, input_ids_length, generation_config.max_length,
-                              generation_config.max_new_tokens)
-
-    def prepare_inputs_for_generation(
-        self,
-        input_ids: torch.LongTensor,
-        next_sequence_length: int | None = None,
-        cache: Cache | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        is_first_iteration: bool | None = False,
-        past_key_values: Cache | None = None,
-        **kwargs,
-    ) -> dict:
-        """transformers' input preparation; on a decode step with a dynamic cache, only what changes
-        (`decoding_minitx.decode_step_inputs`).
-
-        The cache comes as `cache` or, before transformers 5.24, as `past_key_values`, and goes on under the
-        installed version's name (`CACHE_NAME`).
-        """
-        cache = cache_argument(cache, past_key_values)
-        lean = (next_sequence_length == 1 and not is_first_iteration and input_ids.device == self.lm_head.weight.device)
-        inputs = decode_step_inputs(cache, input_ids, lean, self.config.is_encoder_decoder, attention_mask, kwargs)
-        if inputs is not None:
-            return inputs
-        return super().prepare_inputs_for_generation(
-            input_ids, next_sequence_length, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-            is_first_iteration=is_first_iteration, **{CACHE_NAME: cache}, **kwargs)
-
-    def lm_loss(self, logits: torch.Tensor, targets: torch.Tensor, aligned: bool, name: str, **kwargs) -> torch.Tensor:
-        """Mean next-token cross-entropy, through transformers' `self.loss_function` (honours `num_items_in_batch`).
-
-        logits (batch, seq, vocab); targets (batch, seq) are the inputs themselves (`aligned=False`: shifted
-        inside by padding the labels, so the logits are never copied) or already aligned with the logits
-        (`shift_labels`, seq2seq labels). `name` is the argument named in errors. IGNORE_INDEX marks ignored positions. With no labelled position at all the loss is 0 and a warning is
-        logged (a plain mean would be NaN), matching what transformers' Trainer gets for such a micro-batch.
-        """
-        any_labelled = check_labels(targets, logits.shape[:-1], name, self.config.vocab_size, aligned=aligned)
-        if any_labelled is False:
-            logger.warning_once(f"Every position of `{name}` is {IGNORE_INDEX} (ignored): the loss is 0, not NaN. "
-                                "Check the label masking (e.g. prompts longer than the block).")
-            kwargs["num_items_in_batch"] = 1  # sum over no position (0) / 1
-        targets = targets.contiguous()  # a slice of a larger tensor is fine (the loss views it flat)
-        labels, shift_labels = (None, targets) if aligned else (targets, None)
-        return self.loss_function(logits, labels, self.config.vocab_size, shift_labels=shift_labels,
-                                  ignore_index=IGNORE_INDEX, **kwargs)
 
 
 class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixin):
