@@ -117,7 +117,7 @@ class MiniTxStack(nn.Module):
     """Embeddings + positions + N encoder or decoder layers (+ a final LayerNorm with pre-LN).
 
     The token embedding lives in the first stack that reads token ids: the decoder of a decoder-only model,
-    the encoder of a seq2seq model (whose decoder receives embeddings from `MiniTxModel`).
+    the encoder of a seq2seq model (whose decoder embeds its ids with it: `MiniTxModel` passes it as `embed`).
     """
 
     def __init__(self, config: MiniTxConfig, is_decoder: bool):
