@@ -2,11 +2,13 @@
 
 The package is laid out as the architecture:
 
-- `hf_minitx.models`: the model, the Hub custom code (config, attention, positions, layers, modeling);
+- `hf_minitx.models`: the model, the Hub custom code (config, input checks, attention, positions, layers,
+  decoding, the heads' shared part, modeling);
 - `hf_minitx.data`: corpora, the byte-level BPE tokenizer, tokenization and packing;
 - `hf_minitx.training`: arguments and presets, the training loop, loss, evaluation, checkpoints, run folders;
 - `hf_minitx.hub`: model folder checks, the model card, push and the clean-environment load check;
-- `hf_minitx.tools`: visualisation, the explorer, the paper's toy experiments, the benchmark, the demo, the device check;
+- `hf_minitx.tools`: visualisation, the explorer, the paper's toy experiments, the benchmark, the demo, the device
+  check;
 - `hf_minitx.inference`: the one loader of saved folders, and generation from it;
 - `hf_minitx.model_files`: reading a saved folder without loading it (config.json, the safetensors header);
 - `hf_minitx.cli`: the `minitx` command (also `python -m hf_minitx`).

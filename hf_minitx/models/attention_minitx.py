@@ -111,7 +111,9 @@ def float32_under_cpu_autocast(attention: Callable, query: torch.Tensor) -> Call
     return in_float32(attention)
 
 
-def causal_mask(q_len: int, kv_len: int, device: torch.device | None = None, past_len: int | None = None) -> torch.Tensor:
+def causal_mask(
+    q_len: int, kv_len: int, device: torch.device | None = None, past_len: int | None = None
+) -> torch.Tensor:
     """Lower-triangular mask: query i sits at absolute position past_len + i and sees keys up to it.
 
     `past_len` defaults to kv_len - q_len (the queries are the last positions). A static cache has more key

@@ -170,8 +170,9 @@ class MiniTxConfig(PretrainedConfig):
     @classmethod
     def _warn_misspelled(cls, kwargs: dict) -> None:
         """One warning line for unknown keywords close to one of MiniTx's own fields (``hiden_size``) or another
-        architecture's name for one (``n_layer``), naming the field each stands for. Like every unknown keyword they are kept as PretrainedConfig keeps them (an extra
-        attribute that round-trips through config.json) but change nothing in the model."""
+        architecture's name for one (``n_layer``), naming the field each stands for. Like every unknown keyword
+        they are kept as PretrainedConfig keeps them (an extra attribute that round-trips through config.json)
+        but change nothing in the model."""
         ours = list(cls.__annotations__)
         hints = []
         for key in kwargs:

@@ -4,15 +4,16 @@ None of this is the architecture (that is `layers_minitx.py` and `modeling_minit
 above): for full-precision weights it changes how fast tokens come out, never which tokens. Int8 weight-only
 weights are multiplied with bf16-rounded activations (torchao's own call expands the weights to the activations'
 dtype), so their tokens may part from torchao's own at near-ties, the same way at every length. The models reach
-it from `generate()` (`generate_in_decode_layout`), its input preparation (`decode_step_inputs`) and the
-remembered padding of a decode step (`decode_step_padding`, `remember_padding`).
+it from `generate()` (`generate_in_decode_layout`) and its input preparation (`decode_step_inputs`); the
+decoder stack's forward does not know of it.
 
 - The decode layout: for the length of a `generate()` call, each decoder linear map gets a forward through a copy
   of its weight in the layout single-row products read fastest, and self-attention one q/k/v product
   (`set_decode_layout`); they are taken off when the call ends. Int8 weight-only weights (torchao's) are read as
   int8 by one fused kernel instead of expanded on every product.
-- The remembered padding: a decode step reuses the prompt's input checks instead of reading tensors back
-  (`DECODE_STEPS`, the one place that state lives).
+- The remembered padding: for the length of a `generate()` call the decoder stack's `input_padding` is one
+  that answers a decode step with the prompt's checks instead of reading tensors back (`set_remembered_padding`;
+  `DECODE_STEPS`, the one place that state lives).
 - The growing cache: each step writes its keys and values in place instead of concatenating the whole cache.
 """
 
@@ -271,7 +272,8 @@ def set_decode_layout(model: nn.Module, fuse: bool, parts: int = 1, dense: bool 
     `model` is a language model with `model.model.decoder` and `lm_head`. Every attention layer of the decoder
     goes through `fuse_attention`; each feed-forward network's linear maps and the head get a forward through a
     copy in the layout of `generation_weight` (single-row copies in `parts`; with `dense` False only the int8
-    weights). The encoder (run once per call) keeps its own.
+    weights), and the decoder stack its remembered padding (`set_remembered_padding`). The encoder (run once
+    per call) keeps its own.
     """
     for module in model.model.decoder.modules():
         if isinstance(module, MiniTxAttention):
@@ -281,18 +283,19 @@ def set_decode_layout(model: nn.Module, fuse: bool, parts: int = 1, dense: bool 
                 if linear is not None:
                     set_generation_weight(linear, fuse, parts, dense)
     set_generation_weight(model.lm_head, fuse, parts, dense)
+    set_remembered_padding(model.model.decoder, fuse)
 
 
 # --- the remembered padding of the decode steps -------------------------------------------------------------
 
 
 # The decode-step state of every cache a `generate()` call drives: the cache -> the prompt's padding flags
-# (None until the prompt's forward stored them). Weak keys: a cache dropped by its owner leaves no entry.
-DECODE_STEPS: "weakref.WeakKeyDictionary[Cache, tuple[bool | None, bool] | None]" = weakref.WeakKeyDictionary()
+# (None until the prompt's call stored them). Weak keys: a cache dropped by its owner leaves no entry.
+DECODE_STEPS: "weakref.WeakKeyDictionary[Cache, tuple[bool | None, bool | None] | None]" = weakref.WeakKeyDictionary()
 
 
-def decode_step_padding(cache: Cache | None, inputs: torch.Tensor | None) -> tuple[bool, bool] | None:
-    """On a decode step, the padding flags `remember_padding` stored at the prompt's call; else None.
+def decode_step_padding(cache: Cache | None, inputs: torch.Tensor | None) -> tuple[bool | None, bool | None] | None:
+    """On a decode step, the padding flags stored at the prompt's call (`remembering_padding`); else None.
 
     A decode step is one new position (`inputs`: ids (batch, 1) or embeddings (batch, 1, hidden)) on a dynamic cache
     that `generate()` drives and that already holds positions: every token after the first. Its mask is the
@@ -308,10 +311,33 @@ def decode_step_padding(cache: Cache | None, inputs: torch.Tensor | None) -> tup
     return flags
 
 
-def remember_padding(cache: Cache | None, has_padding: bool | None, cross_padding: bool) -> None:
-    """For a cache `generate()` drives, store whether the self-attention and encoder masks pad, for the decode steps."""
-    if cache is not None and not torch.compiler.is_compiling() and cache in DECODE_STEPS:
-        DECODE_STEPS[cache] = (has_padding, cross_padding)
+def remembering_padding(stack: nn.Module) -> Callable:
+    """The decoder stack's `input_padding` for the length of a `generate()` call: a decode step gets the flags
+    its cache's prompt call found (`decode_step_padding`); any other call runs the stack's own checks, whose
+    flags are stored for the decode steps when `generate()` drives its cache (`DECODE_STEPS`).
+
+    Flags: whether the attention mask and the encoder's mask pad. The stack's own method is taken as it is
+    now (`set_remembered_padding` first takes off an earlier one).
+    """
+    own = stack.input_padding
+
+    def input_padding(input_ids, attention_mask, inputs_embeds, encoder_attention_mask, cache):
+        """As the stack's `input_padding`, with the prompt's flags on a decode step."""
+        flags = decode_step_padding(cache, input_ids if inputs_embeds is None else inputs_embeds)
+        if flags is None:
+            flags = own(input_ids, attention_mask, inputs_embeds, encoder_attention_mask, cache)
+            if cache is not None and not torch.compiler.is_compiling() and cache in DECODE_STEPS:
+                DECODE_STEPS[cache] = flags
+        return flags
+    return input_padding
+
+
+def set_remembered_padding(stack: nn.Module, on: bool) -> None:
+    """Put the decoder stack's `remembering_padding` on as its instance `input_padding` (nn.Module's lookup finds
+    it before the class's method), or take it off: the stack then checks every call again."""
+    stack.__dict__.pop("input_padding", None)
+    if on:
+        stack.input_padding = remembering_padding(stack)
 
 
 def forget_generation(cache: Cache | None) -> None:
@@ -337,7 +363,8 @@ class MiniTxGrowingLayer(DynamicLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append (batch, kv_heads, new, head_dim) keys and values; return all of them, (batch, kv_heads, len, head_dim)."""
+        """Append (batch, kv_heads, new, head_dim) keys and values; return all of them,
+        (batch, kv_heads, len, head_dim)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         length, new = self.get_seq_length(), key_states.shape[-2]
@@ -354,7 +381,8 @@ class MiniTxGrowingLayer(DynamicLayer):
     def _views_of(self, room: tuple[torch.Tensor, torch.Tensor], length: int) -> bool:
         """Whether `keys` and `values` are still the first `length` positions of the buffers."""
         return length > 0 and all(
-            view.data_ptr() == buffer.data_ptr() and view.shape[:2] == buffer.shape[:2] and view.stride() == buffer.stride()
+            view.data_ptr() == buffer.data_ptr() and view.shape[:2] == buffer.shape[:2]
+            and view.stride() == buffer.stride()
             for view, buffer in zip((self.keys, self.values), room, strict=True))
 
     @staticmethod
@@ -398,9 +426,10 @@ def generate_in_decode_layout(model: nn.Module, generate: Callable[[], object], 
 
     The weights take the decode layout (`set_decode_layout`) for calls long enough to repay it
     (`decodes_long_enough`), int8 weight-only weights for every call (their copy costs little, and one kernel
-    for any length keeps a call's first tokens the same whatever `max_new_tokens` says). Afterwards, in a
-    `finally`, the decode forwards are taken off, and a cache passed in or handed back forgets the remembered
-    padding (`forget_generation`), so later calls on it are checked as any other call.
+    for any length keeps a call's first tokens the same whatever `max_new_tokens` says); the decoder stack
+    remembers the prompt's padding for every call. Afterwards, in a `finally`, the decode forwards are taken
+    off, and a cache passed in or handed back forgets the remembered padding (`forget_generation`), so later
+    calls on it are checked as any other call.
     `config` is the call's generation config and `kwargs` its keyword arguments.
     """
     set_decode_layout(model, True, weight_parts(config, kwargs), dense=decodes_long_enough(config, kwargs))
@@ -423,16 +452,17 @@ def decode_step_inputs(
 ) -> dict | None:
     """The model inputs of a decode step with a dynamic cache, or None where transformers' own preparation applies.
 
-    Marks a dynamic cache as driven by `generate()` (so the forward remembers the prompt's padding for the
-    decode steps) and, while it is empty, gives it layers that grow in place (`grow_in_place`). When `lean`
-    (one new token after the first iteration, ids on the model's device), a decode step gets the last token
-    (batch, 1), the cache, the masks as they are and every other keyword argument of `kwargs`: the generic
+    Marks a dynamic cache as driven by `generate()` (so the decoder's `remembering_padding` keeps the prompt's
+    padding flags for the decode steps) and, while it is empty, gives it layers that grow in place
+    (`grow_in_place`). When `lean` (one new token after the first iteration, ids on the model's device), a
+    decode step gets the last token (batch, 1), the cache, the masks as they are and every other keyword
+    argument of `kwargs`: the generic
     preparation would also inspect `forward`'s signature on every token (custom code) and copy the ids.
     """
     self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
     dynamic = isinstance(self_cache, Cache) and not self_cache.is_compileable
     if dynamic:
-        DECODE_STEPS.setdefault(self_cache, None)  # driven by generate(): remember_padding stores its flags
+        DECODE_STEPS.setdefault(self_cache, None)  # driven by generate(): remembering_padding stores its flags
         if self_cache.get_seq_length() == 0 and isinstance(self_cache, DynamicCache):
             grow_in_place(self_cache)
     if not (dynamic and lean):
@@ -456,7 +486,8 @@ __all__ = [
     "decode_layout_applies",
     "CACHE_NAME", "DECODE_LAYOUT_MIN_NEW_TOKENS", "GenerationWeight", "MiniTxGrowingLayer", "cache_argument",
     "decode_step_inputs", "decode_step_padding", "forget_generation", "generate_in_decode_layout",
+    "remembering_padding", "set_remembered_padding",
     "generation_weight", "grow_in_place", "project_with", "decode_forward", "decode_query_key_value", "decode_copy",
     "DECODE_STEPS", "DECODE_COPIES",
-    "remember_padding", "set_decode_layout", "set_generation_weight",
+    "set_decode_layout", "set_generation_weight",
 ]

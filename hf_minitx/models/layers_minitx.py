@@ -151,7 +151,8 @@ class MiniTxAttention(nn.Module):
         self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else None
 
     def _split_heads(self, projected: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
-        """(batch, seq, heads * head_dim) projections -> (batch, heads, seq, head_dim); `norm` (QK-norm) acts on each head."""
+        """(batch, seq, heads * head_dim) projections -> (batch, heads, seq, head_dim); `norm` (QK-norm) acts on
+        each head."""
         batch, seq, _ = projected.shape
         heads = projected.view(batch, seq, -1, self.head_dim)  # (batch, seq, heads, head_dim)
         if norm is not None:
@@ -335,4 +336,5 @@ class MiniTxDecoderLayer(MiniTxLayerBase):
         return hidden_states, self_weights, cross_weights
 
 
-__all__ = ["NORMS", "ACTIVATIONS", "MiniTxRMSNorm", "make_norm", "relu_squared", "MiniTxAttention", "MiniTxMLP", "MiniTxEncoderLayer", "MiniTxDecoderLayer"]
+__all__ = ["NORMS", "ACTIVATIONS", "MiniTxRMSNorm", "make_norm", "relu_squared", "MiniTxAttention", "MiniTxMLP",
+           "MiniTxEncoderLayer", "MiniTxDecoderLayer"]

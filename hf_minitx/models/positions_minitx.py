@@ -1,4 +1,8 @@
-"""Positional information: sinusoidal (the paper), learned (GPT-2) and rotary (RoPE)."""
+"""Positional information: sinusoidal (the paper), learned (GPT-2) and rotary (RoPE).
+
+Also the position ids of new tokens under left padding (`positions_from_mask`) and the refusal of a
+`generate()` that would outgrow the position table (`check_generation_fits`).
+"""
 
 import torch
 from torch import nn
@@ -111,8 +115,25 @@ def check_generation_fits(config: MiniTxConfig, used: int, max_length: int, max_
                      f"{max(fit, 0)} new tokens fit; {fix}.")
 
 
+def positions_from_mask(
+    attention_mask: torch.Tensor | None, q_len: int, past_len: int | torch.Tensor, device: torch.device
+) -> torch.LongTensor:
+    """Position ids of the new tokens: count only real tokens, so left padding does not shift positions.
+
+    `past_len` is an int, or a 0-d tensor (a static cache under torch.compile). Returns (batch, q_len), or
+    (1, q_len) when there is no padding mask.
+    """
+    new = torch.arange(q_len, device=device) + past_len  # (q_len,) absolute positions of the new tokens
+    if attention_mask is None or attention_mask.dim() != 2:
+        return new[None]  # (1, q_len)
+    positions = attention_mask.long().cumsum(-1) - 1  # (batch, past + q_len)
+    positions = positions.clamp(min=0)
+    return positions.index_select(1, new.to(positions.device))  # (batch, q_len)
+
+
 __all__ = [
     "check_generation_fits",
+    "positions_from_mask",
     "POSITION_ENCODINGS",
     "sinusoidal_table",
     "rope_inverse_frequencies",

@@ -195,7 +195,8 @@ def test_verify_accepts_complete_folders(folders):
     assert info.kind == "seq2seq" and info.auto_class == "AutoModelForSeq2SeqLM"
     assert info.weight_files == ("model.safetensors",)
     assert set(info.code_files) == {"configuration_minitx.py", "modeling_minitx.py", "layers_minitx.py",
-                                    "attention_minitx.py", "positions_minitx.py", "decoding_minitx.py"}
+                                    "attention_minitx.py", "positions_minitx.py", "decoding_minitx.py",
+                                    "checks_minitx.py", "lm_head_minitx.py"}
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(info.tokenizer_files)
     assert info.num_parameters == MiniTxForConditionalGeneration.from_pretrained(folders["seq2seq"]).num_parameters()
     with pytest.raises(ModelFolderError, match="describes a seq2seq model, but a causal-lm model was expected"):
@@ -307,7 +308,8 @@ def test_stage_copies_exactly_the_shareable_files(causal_copy, tmp_path):
     assert staged == {
         "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
         "configuration_minitx.py", "modeling_minitx.py", "layers_minitx.py", "attention_minitx.py",
-        "positions_minitx.py", "decoding_minitx.py", "training_summary.json", "metrics.jsonl", "README.md",
+        "positions_minitx.py", "decoding_minitx.py", "checks_minitx.py", "lm_head_minitx.py", "training_summary.json",
+        "metrics.jsonl", "README.md",
     }
     assert (staging / "model.safetensors").read_bytes() == (causal_copy / "model.safetensors").read_bytes()
     assert '"alice/kjv-tiny"' in (staging / "README.md").read_text()
@@ -544,7 +546,8 @@ def test_package_free_check_reports_a_folder_that_cannot_load(folders, tmp_path,
                     "(in layers_minitx.py, line 3)")
     assert "Traceback (most recent call last):" in traceback and len(traceback.splitlines()) > 10
     monkeypatch.delenv("HF_MINITX_TRACEBACK")
-    assert str(child_failure(staging.resolve(), traceback, 1)) == f"{head}; set HF_MINITX_TRACEBACK=1 to see the whole traceback"
+    assert (str(child_failure(staging.resolve(), traceback, 1))
+            == f"{head}; set HF_MINITX_TRACEBACK=1 to see the whole traceback")
 
 
 FULL_DISK = """
@@ -622,7 +625,8 @@ def test_card_records_the_training_recipe(causal_copy):
     text = render_model_card(causal_copy, repo_id="alice/tiny")
     muon = recipe["parameter_groups"][0]
     assert "| Optimizer | `muon` |" in text
-    assert (f"| Group `muon` | Muon, peak lr 0.03, weight decay {args.muon_weight_decay:g}, momentum {args.muon_momentum:g}, "
+    assert (f"| Group `muon` | Muon, peak lr 0.03, weight decay {args.muon_weight_decay:g}, "
+            f"momentum {args.muon_momentum:g}, "
             f"{muon['tensors']} tensors, {muon['parameters']:,} parameters |") in text
     assert (f"| Group `adamw_no_decay` | AdamW, peak lr {args.learning_rate:g}, weight decay 0, "
             f"betas ({args.adam_beta1:g}, {args.adam_beta2:g}),") in text
@@ -655,7 +659,8 @@ def test_the_card_of_a_run_that_ended_at_chance_carries_its_warning(causal_copy)
     _write_records(causal_copy, "causal-lm", diverged, warning=warning)
     card = render_model_card(causal_copy)
     assert f"> **Warning:** {warning.removeprefix('warning: ')}" in card
-    assert "| Validation perplexity | 1.014e+304 |" in card and "| Validation loss (nats per token) | 700.0200 |" in card
+    assert "| Validation perplexity | 1.014e+304 |" in card
+    assert "| Validation loss (nats per token) | 700.0200 |" in card
     assert card.index("> **Warning:**") < card.index("| Metric | Value |")
     _write_records(causal_copy, "causal-lm", CAUSAL_METRICS)
     assert "Warning" not in render_model_card(causal_copy)

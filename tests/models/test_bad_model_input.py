@@ -7,7 +7,7 @@ import torch
 from conftest import random_ids, tiny_causal, tiny_config, tiny_seq2seq
 
 from hf_minitx import MiniTxConfig
-from hf_minitx.models import modeling_minitx
+from hf_minitx.models import lm_head_minitx
 from hf_minitx.training.arguments import parse_config_overrides
 
 
@@ -157,7 +157,7 @@ def test_all_labels_ignored_gives_zero_loss_and_a_warning(kind):
     labels = torch.full_like(ids, -100)
     if kind == "only-first-labelled":  # position 0 has no predecessor: nothing is left after the shift
         labels[:, 0] = ids[:, 0]
-    with mock.patch.object(modeling_minitx.logger, "warning_once") as warn:
+    with mock.patch.object(lm_head_minitx.logger, "warning_once") as warn:
         loss = model.train()(ids, labels=labels).loss
     assert loss.item() == 0.0 and loss.requires_grad
     assert "loss is 0" in warn.call_args[0][0]

@@ -4,6 +4,8 @@ Also the compiled path on a CPU: static cache + torch.compile (inductor) gives t
 one graph for every decode step.
 """
 
+import inspect
+
 import pytest
 import torch
 from conftest import DECODE_LAYOUT_MIN_NEW_TOKENS, random_ids, tiny_causal, tiny_seq2seq
@@ -19,7 +21,7 @@ from hf_minitx.models.decoding_minitx import (
     project_with,
     set_decode_layout,
 )
-from hf_minitx.tools.benchmark.generation import compile_config
+from hf_minitx.tools.generation_bench import compile_config
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=2)
 BUILDERS = [tiny_causal, tiny_seq2seq]
@@ -54,7 +56,7 @@ def test_generate_checks_the_inputs_once_not_on_every_token(build, monkeypatch):
 
 
 @pytest.mark.parametrize("options", [{}, {"qk_norm": True, "num_key_value_heads": 2,
-                                      "position_embedding_type": "rope"}], ids=["default", "qk_norm-gqa-rope"])
+                                          "position_embedding_type": "rope"}], ids=["default", "qk_norm-gqa-rope"])
 @pytest.mark.parametrize("build", BUILDERS, ids=KIND_IDS)
 def test_padded_decode_steps_give_the_tokens_of_full_forwards(build, options):
     """Greedy decoding by hand without a cache (every step a checked full forward, three q/k/v projections)
@@ -329,3 +331,22 @@ def test_decode_step_state_lives_in_the_decoding_file_not_on_the_cache():
                          return_dict_in_generate=True, **GREEDY)
     assert seen == [((True, False), [])] * 3  # left padding found in the prompt, no encoder mask
     assert getattr(out, CACHE_NAME) not in DECODE_STEPS
+
+
+@pytest.mark.parametrize("build", BUILDERS, ids=KIND_IDS)
+def test_the_remembered_padding_is_put_on_the_decoder_for_the_length_of_generate_only(build):
+    """The stack's forward knows nothing of decode steps: generate() puts the decoder's own `input_padding` on
+    (`decoding_minitx.set_remembered_padding`) and takes it off when the call ends, as the decode layout."""
+    model = build()
+    decoder = model.model.decoder
+    seen = []
+    decoder.register_forward_pre_hook(lambda module, args: seen.append("input_padding" in vars(module)))
+    ids, mask = left_padded()
+    model.generate(ids, attention_mask=mask, max_new_tokens=3, min_new_tokens=3, **GREEDY)
+    assert seen == [True] * 3 and "input_padding" not in vars(decoder)
+    set_decode_layout(model, True)
+    assert "input_padding" in vars(decoder) and "input_padding" not in vars(model.get_encoder())
+    set_decode_layout(model, False)
+    assert "input_padding" not in vars(decoder)
+    modeling_source = inspect.getsource(modeling_minitx)
+    assert not any(name in modeling_source for name in ("decode_step_padding", "DECODE_STEPS", "remembering_padding("))
