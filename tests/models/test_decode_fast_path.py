@@ -21,7 +21,7 @@ from hf_minitx.models.decoding_minitx import (
     project_with,
     set_decode_layout,
 )
-from hf_minitx.tools.generation_bench import compile_config
+from hf_minitx.tools.benchmark.generation import compile_config
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=2)
 BUILDERS = [tiny_causal, tiny_seq2seq]
