@@ -59,7 +59,7 @@ SUBCOMMANDS = (
                "hf_minitx.tools.experiments"),
     Subcommand("benchmark", "hf_minitx side by side with GPT-2, BART and torch.nn.Transformer",
                "hf_minitx.tools.benchmark.run"),
-    Subcommand("benchmark-report", "rewrite docs/performance.md's tables and README.md's headline from benchmark JSON",
+    Subcommand("benchmark-report", "rewrite docs/benchmark-results.md and README.md's headline from benchmark JSON",
                "hf_minitx.tools.benchmark.report"),
     Subcommand("demo", "train a KJV language model and a number translator offline, then generate",
                "hf_minitx.tools.demo"),

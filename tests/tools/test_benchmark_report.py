@@ -1,5 +1,5 @@
-"""`minitx benchmark-report`: the Performance page's tables and the README's headline come from benchmark JSON,
-and the committed ones are exactly what the committed JSON renders to (so they cannot drift)."""
+"""`minitx benchmark-report`: the benchmark results page's tables and the README's headline come from benchmark
+JSON, and the committed ones are exactly what the committed JSON renders to (so they cannot drift)."""
 
 import json
 from pathlib import Path
@@ -10,6 +10,7 @@ from hf_minitx.tools.benchmark import report
 from hf_minitx.tools.benchmark.report import (
     HEADLINE_BLOCK,
     PAGE_BLOCK,
+    describe_run,
     read_result,
     read_results,
     render_headline,
@@ -53,27 +54,52 @@ def results(quality: bool = True) -> dict:
     return result
 
 
-def test_the_headline_names_each_figure_its_reference_its_command_and_the_machine():
+def table_rows(markdown: str) -> list[str]:
+    """The body rows of every table of a Markdown text (header and separator rows left out)."""
+    return [line for line in markdown.splitlines() if line.startswith("| ") and not line.startswith("| measure |")]
+
+
+def test_the_headline_names_each_figure_its_reference_and_the_run_once_with_its_command_and_machine():
     headline = render_headline(results())
-    rows = [line for line in headline.splitlines() if line.startswith("| ")][1:]
-    assert rows[0] == ("| quality at equal time, `builtin:kjv`, 30 s (bits/byte, lower is better) | 2.000 | "
-                       "GPT-2 2.500 | 0.800x | `minitx benchmark --quick --no_quality` |")
+    assert headline.splitlines()[0] == ("`minitx benchmark --quick --no_quality` (Test CPU 9000, 2 cores, device cpu, "
+                                        "1 torch thread; 2026-11-25 18:00 UTC):")
+    rows = table_rows(headline)
+    assert rows[0] == "| quality: bits/byte on `builtin:kjv` after 30 s | 2.000 | GPT-2 2.500 | 0.800x |"
     # medians 125.5 vs 105; the paired ratio is the median of 1.3 and 1.1
-    assert rows[1] == ("| decoder-only training (tokens/s) | 126 | GPT-2 105 | 1.20x | "
-                       "`minitx benchmark --quick --no_quality` |")
+    assert rows[1] == "| decoder-only training (tokens/s) | 126 | GPT-2 105 | 1.20x |"
     assert rows[2].startswith("| generation, batch 1 (tokens/s) | 60 | GPT-2 45 | 1.35x |")
     assert len(rows) == 3  # workloads the run left out have no row
-    for fact in ("2026-11-25 18:00 UTC", "Test CPU 9000", "2 cores", "1 torch thread;", "torch 2.13.0",
-                 "transformers 5.24.0", "hf_minitx 0.1.0", "load average 0.2 at the start, 1.8 at the end"):
-        assert fact in headline, fact
+    assert headline.count("minitx benchmark --quick") == 1  # one command per group of rows, not per row
 
 
-def test_speed_measured_on_a_gpu_names_it_in_the_headline():
+def test_speed_measured_on_a_gpu_names_it_in_the_headline_and_keeps_only_training():
     result = results(quality=False)
     result["machine"].update(device="cuda", gpu="NVIDIA H200")
-    rows = [line for line in render_headline(result).splitlines() if line.startswith("| ")][1:]
-    assert rows[0].startswith("| decoder-only training (tokens/s, NVIDIA H200) | 126 | GPT-2 105 |")
-    assert "NVIDIA H200, 2 cores, device cuda" in render_headline(result)
+    rows = table_rows(render_headline(result))
+    assert rows == ["| decoder-only training (tokens/s, NVIDIA H200) | 126 | GPT-2 105 | 1.20x |"]
+    assert "(NVIDIA H200, 2 cores, device cuda, 1 torch thread; " in render_headline(result)
+
+
+def test_the_headline_takes_a_speed_row_from_the_run_at_the_largest_shape_and_groups_by_run():
+    quick, full, gpu = results(quality=False), results(quality=False), results(quality=False)
+    full["shape"].update(hidden=384, layers=6)
+    full["command"], gpu["command"] = "minitx benchmark --workloads generate_b1", "minitx benchmark --device cuda"
+    full["workloads"].pop("train_causal")
+    full["workloads"]["generate_b1"]["implementations"]["minitx"]["tokens_per_second"] = 999.0
+    gpu["machine"].update(device="cuda", gpu="NVIDIA H200")
+    quality = results()
+    quality.pop("workloads")
+    quality["command"] = "minitx benchmark --quality_only"
+    headline = render_headline([gpu, quality, full, quick])
+    lines = [line for line in headline.splitlines() if line.startswith("`")]  # one heading line per run
+    assert [line.split("`")[1] for line in lines] == [
+        "minitx benchmark --workloads generate_b1", "minitx benchmark --quick --no_quality",
+        "minitx benchmark --quality_only", "minitx benchmark --device cuda"]  # CPU speed, quality, then GPUs
+    rows = table_rows(headline)
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| generation, batch 1 (tokens/s)", "| decoder-only training (tokens/s)",
+        "| quality: bits/byte on `builtin:kjv` after 30 s", "| decoder-only training (tokens/s, NVIDIA H200)"]
+    assert "| generation, batch 1 (tokens/s) | 999 |" in headline  # the larger shape's figure, not the quick one's
 
 
 def test_the_page_has_a_table_per_section_and_skips_the_quality_section_when_absent():
@@ -101,11 +127,11 @@ def test_replace_block_rewrites_only_between_its_markers_and_refuses_a_file_with
 def test_the_command_rewrites_the_page_and_the_readme_and_writes_neither_when_one_lacks_markers(tmp_path):
     data = tmp_path / "bench.json"
     data.write_text(json.dumps(results()))
-    page, readme = tmp_path / "performance.md", tmp_path / "README.md"
+    page, readme = tmp_path / "benchmark-results.md", tmp_path / "README.md"
     page.write_text(f"# Performance\n<!-- minitx benchmark-report: {PAGE_BLOCK} begin -->\n"
                     f"<!-- minitx benchmark-report: {PAGE_BLOCK} end -->\nprose\n")
     readme.write_text("# hf_minitx\nno markers here\n")
-    paths = ["--json", str(data), "--page", str(page), "--readme", str(readme)]
+    paths = ["--json", str(data), "--results_page", str(page), "--readme", str(readme)]
     before = page.read_text()
     with pytest.raises(ValueError, match="README.md: expected one pair of markers"):
         report.main(paths)
@@ -123,11 +149,15 @@ def test_the_command_rewrites_the_page_and_the_readme_and_writes_neither_when_on
 def test_the_committed_page_and_readme_headline_are_what_the_committed_json_renders():
     results = read_results([COMMITTED_RESULTS])
     assert results, "docs/benchmark/ holds the benchmark JSON the docs are rendered from"
-    for path, block, body in ((ROOT / "docs" / "performance.md", PAGE_BLOCK, render_pages(results)),
+    for path, block, body in ((ROOT / "docs" / "benchmark-results.md", PAGE_BLOCK, render_pages(results)),
                               (ROOT / "README.md", HEADLINE_BLOCK, render_headline(results))):
         text = path.read_text(encoding="utf-8")
         assert replace_block(text, block, body) == text, (
             f"{path.name} differs from what docs/benchmark/*.json renders: run `minitx benchmark-report`")
+    headline = render_headline(results)
+    assert len(table_rows(headline)) <= 12, "the README's headline keeps at most 12 rows; the rest is on the page"
+    for result in results:  # each run's command at most once in the headline, and every run on the page
+        assert headline.count(f"`{result['command']}`") <= 1 and describe_run(result) in render_pages(results)
 
 
 def test_several_runs_render_one_after_the_other_each_with_its_machine(tmp_path):
@@ -141,8 +171,8 @@ def test_several_runs_render_one_after_the_other_each_with_its_machine(tmp_path)
     assert [r["command"] for r in loaded] == ["minitx benchmark --quick --no_quality",
                                               "minitx benchmark --quality_only"]
     headline = render_headline(loaded)
-    assert headline.count("Measured by") == 2 and "2 torch threads" in headline  # the quality run's own threads
-    assert "| 0.800x | `minitx benchmark --quality_only` |" in headline
+    assert "`minitx benchmark --quality_only` (Test CPU 9000, 2 cores, device cpu, 2 torch threads; " in headline
+    assert headline.count("| measure |") == 2  # one table per run, the quality run's own threads above it
     page = render_pages(loaded)
     assert page.index("### Speed") < page.index("### Quality at equal wall time, 30 s") and "on 2 threads" in page
     with pytest.raises(FileNotFoundError, match="no benchmark JSON there"):

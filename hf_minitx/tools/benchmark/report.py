@@ -1,14 +1,22 @@
-"""`minitx benchmark-report`: the Performance page's tables and the README's headline table, from benchmark JSON.
+"""`minitx benchmark-report`: the benchmark results page's tables and the README's headline, from benchmark JSON.
 
 Figures are produced, not typed: `minitx benchmark --json FILE` writes every figure with the machine, the
-versions, the date and the load average, and this command rewrites the marked parts of `docs/performance.md`
-and `README.md` from that file. Each marked part lies between two comments,
+versions, the date and the load average, and this command rewrites the marked parts of
+`docs/benchmark-results.md` and `README.md` from the files in `docs/benchmark/`. Each marked part lies between
+two comments,
 
     <!-- minitx benchmark-report: NAME begin -->
     ...
     <!-- minitx benchmark-report: NAME end -->
 
-(NAME is `tables` in the page, `headline` in the README); the prose around them is left as it is.
+(NAME is `tables` in the results page, `headline` in the README); the prose around them is left as it is.
+
+The results page holds every table of every run. The README's headline keeps a few rows, grouped by the run they
+come from, each group under one line with its command, machine and date: on a CPU, decoder-only and seq2seq
+training, generation at batch 1 and 8, seq2seq generation and int8 weight-only generation at batch 1 (each from
+the run at the largest shape that measured it, so a quick run's figure gives way to the full shape's); on a GPU,
+decoder-only training; and quality at equal wall time for every corpus and budget of the quality runs. The rest
+is on the results page, which docs/performance.md links to.
 """
 
 from __future__ import annotations
@@ -26,14 +34,16 @@ from .speed import format_table
 RESULTS_FOLDER = "docs/benchmark"  # the committed benchmark JSON files the docs are rendered from
 PAGE_BLOCK = "tables"
 HEADLINE_BLOCK = "headline"
-# (workload, hf_minitx's implementation, what the row measures), in the headline's order
-HEADLINE_SPEED_ROWS = (
+# (workload, hf_minitx's implementation, what the row measures), in the headline's order, for runs on a CPU
+HEADLINE_CPU_ROWS = (
     ("train_causal", "minitx-sdpa", "decoder-only training"),
     ("train_seq2seq", "minitx-seq2seq", "seq2seq training"),
     ("generate_b1", "minitx", "generation, batch 1"),
     ("generate_b8", "minitx", "generation, batch 8"),
     ("generate_seq2seq", "minitx-seq2seq", "seq2seq generation, batch 1"),
+    ("generate_b1", "minitx-int8", "int8 weight-only generation, batch 1"),
 )
+HEADLINE_GPU_ROWS = (("train_causal", "minitx-sdpa", "decoder-only training"),)  # and for runs on a GPU
 REFERENCE_NAMES = {"gpt2": "GPT-2", "bart": "BART"}
 
 
@@ -54,18 +64,24 @@ def _load(values: list | None) -> str:
     return "not recorded" if not values else f"{values[0]:.1f}"
 
 
-def describe_run(result: dict) -> str:
-    """One paragraph: the command, the date, the machine, the versions and the load average of a benchmark run."""
+def describe_machine(result: dict) -> str:
+    """The processor (or GPU), the cores, the device and the torch threads of a benchmark run."""
     machine = result["machine"]
     hardware = machine.get("gpu") or machine["cpu"]
     threads = machine.get("torch_threads")
     if "workloads" not in result and "quality" in result:  # a quality run: each side's threads, not the speed's
         threads = result["quality"]["settings"].get("num_threads") or threads
+    return (f"{hardware}, {machine.get('cpu_count')} cores, device {machine.get('device')}, {threads} torch "
+            f"thread{'s' if threads != 1 else ''}")
+
+
+def describe_run(result: dict) -> str:
+    """One paragraph: the command, the date, the machine, the versions and the load average of a benchmark run."""
+    machine = result["machine"]
     versions = ", ".join(f"{name} {machine[name]}" for name in ("python", "torch", "transformers", "hf_minitx")
                          if machine.get(name))
     return (f"`{result.get('command', 'minitx benchmark')}` on {machine.get('date', 'an unrecorded date')}: "
-            f"{hardware}, {machine.get('cpu_count')} cores, device {machine.get('device')}, {threads} torch "
-            f"thread{'s' if threads != 1 else ''}; {versions}; load average {_load(machine.get('load_average'))} "
+            f"{describe_machine(result)}; {versions}; load average {_load(machine.get('load_average'))} "
             f"at the start, {_load(machine.get('load_average_end'))} at the end.")
 
 
@@ -79,7 +95,7 @@ def format_shape(result: dict) -> str:
 
 
 def render_page(result: dict) -> str:
-    """The generated part of docs/performance.md: the run's description, then each section's table."""
+    """One run's part of docs/benchmark-results.md: the run's description, then each section's table."""
     parts = ["Measured by " + describe_run(result)]
     if "workloads" in result:
         parts += ["### Speed", format_shape(result), "Tokens per second (medians) and the paired ratio to the "
@@ -95,41 +111,80 @@ def render_page(result: dict) -> str:
     return "\n\n".join(parts)
 
 
-def headline_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
-    """(measure, hf_minitx, reference, ratio, command) for each headline figure the result holds; a speed measured
-    on a GPU names it."""
-    command = f"`{result.get('command', 'minitx benchmark')}`"
+def _on_gpu(result: dict) -> bool:
+    return result["machine"].get("device", "cpu") != "cpu"
+
+
+def _shape_size(result: dict) -> int:
+    shape = result.get("shape", {})
+    return shape.get("hidden", 0) * shape.get("layers", 0) * shape.get("context", 0)
+
+
+def headline_speed_picks(results: list[dict]) -> dict[tuple, int]:
+    """For each headline speed row (GPU or not, workload, implementation), the index of the run it is taken from:
+    of the runs that measured it, the one at the largest shape (hidden x layers x context), the later on a tie."""
+    picks: dict[tuple, int] = {}
+    for index, result in enumerate(results):
+        for workload, ours, _ in HEADLINE_GPU_ROWS if _on_gpu(result) else HEADLINE_CPU_ROWS:
+            data = result.get("workloads", {}).get(workload)
+            if not data or ours not in data["implementations"]:
+                continue
+            key = (_on_gpu(result), workload, ours)
+            if key not in picks or _shape_size(result) >= _shape_size(results[picks[key]]):
+                picks[key] = index
+    return picks
+
+
+def headline_rows(result: dict, speed: Sequence[tuple[str, str, str]]) -> list[tuple[str, str, str, str]]:
+    """(measure, hf_minitx, reference, ratio) for the run's quality figures, then for the `speed` rows
+    ((workload, implementation, measure), each of which the run holds); a speed measured on a GPU names it."""
     rows = []
     quality = result.get("quality")
     for corpus, figures in (quality or {}).get("corpora", {}).items():
         seconds = quality["settings"]["seconds"]
-        rows.append((f"quality at equal time, `{corpus}`, {seconds:g} s (bits/byte, lower is better)",
+        rows.append((f"quality: bits/byte on `{corpus}` after {seconds:g} s",
                      f"{figures['ours']['bits_per_byte']:.3f}", f"GPT-2 {figures['reference']['bits_per_byte']:.3f}",
-                     f"{figures['ratio']:.3f}x", f"`{quality.get('command', result.get('command'))}`"))
-    machine = result.get("machine", {})
-    where = f", {machine['gpu']}" if machine.get("device", "cpu") != "cpu" and machine.get("gpu") else ""
-    for workload, ours, measure in HEADLINE_SPEED_ROWS:
-        data = result.get("workloads", {}).get(workload)
-        if not data or ours not in data["implementations"]:
-            continue
+                     f"{figures['ratio']:.3f}x"))
+    where = f", {result['machine']['gpu']}" if _on_gpu(result) and result["machine"].get("gpu") else ""
+    for workload, ours, measure in speed:
+        data = result["workloads"][workload]
         reference = data["reference"]
         mine, theirs = data["implementations"][ours], data["implementations"][reference]
         rows.append((f"{measure} (tokens/s{where})", f"{mine['tokens_per_second']:,.0f}",
                      f"{REFERENCE_NAMES.get(reference, reference)} {theirs['tokens_per_second']:,.0f}",
-                     f"{mine['ratio_vs_reference']:.2f}x", command))
+                     f"{mine['ratio_vs_reference']:.2f}x"))
     return rows
 
 
+def headline_groups(results: list[dict]) -> list[tuple[dict, list[tuple[str, str, str, str]]]]:
+    """(run, its headline rows) for every run that has some: speed on a CPU first, then quality, then GPUs."""
+    picks = headline_speed_picks(results)
+    groups = []
+    for index, result in enumerate(results):
+        speed = [(workload, ours, measure)
+                 for workload, ours, measure in (HEADLINE_GPU_ROWS if _on_gpu(result) else HEADLINE_CPU_ROWS)
+                 if picks.get((_on_gpu(result), workload, ours)) == index]
+        rows = headline_rows(result, speed)
+        if rows:
+            groups.append((result, rows))
+    return sorted(groups, key=lambda group: 2 * _on_gpu(group[0]) + ("workloads" not in group[0]))
+
+
 def render_headline(results: dict | list[dict]) -> str:
-    """The README's headline table from one or several runs, with each run's machine and date under it."""
+    """The README's headline: per run, one line with its command, machine and date, then its rows' table."""
     results = [results] if isinstance(results, dict) else results
-    lines = ["| measure | hf_minitx | reference | ratio | command |", "|---|---:|---:|---:|---|"]
-    lines += ["| " + " | ".join(row) + " |" for result in results for row in headline_rows(result)]
-    return "\n".join(lines) + "".join("\n\nMeasured by " + describe_run(result) for result in results)
+    parts = []
+    for result, rows in headline_groups(results):
+        date = result["machine"].get("date", "an unrecorded date")
+        table = ["| measure | hf_minitx | reference | ratio |", "|---|---:|---:|---:|"]
+        table += ["| " + " | ".join(row) + " |" for row in rows]
+        parts += [f"`{result.get('command', 'minitx benchmark')}` ({describe_machine(result)}; {date}):",
+                  "\n".join(table)]
+    return "\n\n".join(parts)
 
 
 def render_pages(results: list[dict]) -> str:
-    """The generated part of docs/performance.md from several runs, one after the other."""
+    """The generated part of docs/benchmark-results.md from several runs, one after the other."""
     return "\n\n".join(render_page(result) for result in results)
 
 
@@ -139,8 +194,8 @@ class ReportArguments:
 
     json: list[str] = field(default_factory=lambda: [RESULTS_FOLDER], metadata={
         "help": "files `minitx benchmark --json` wrote, or folders whose *.json files are read in name order"})
-    page: str = field(default="docs/performance.md", metadata={
-        "help": "the Performance page: its part between the 'tables' markers is rewritten"})
+    results_page: str = field(default="docs/benchmark-results.md", metadata={
+        "help": "the benchmark results page: its part between the 'tables' markers is rewritten"})
     readme: str = field(default="README.md", metadata={
         "help": "the README: its part between the 'headline' markers is rewritten"})
 
@@ -170,18 +225,19 @@ def read_result(path: str | Path) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Rewrite the marked parts of the Performance page and the README from the JSON."""
+    """Rewrite the marked parts of the benchmark results page and the README from the JSON."""
     from ...cli import parse_arguments
 
     (args,) = parse_arguments([ReportArguments], argv, prog="minitx benchmark-report", description=(
-        "Render docs/performance.md's tables and README.md's headline table from `minitx benchmark --json`."))
+        "Render docs/benchmark-results.md's tables and README.md's headline from `minitx benchmark --json`."))
     results = read_results(args.json)
-    updates = [(Path(args.page), PAGE_BLOCK, render_pages(results)),
+    updates = [(Path(args.results_page), PAGE_BLOCK, render_pages(results)),
                (Path(args.readme), HEADLINE_BLOCK, render_headline(results))]
     new_texts = {}
     for path, block, body in updates:  # every file checked before any is written
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such file; run from the checkout's root or pass --page / --readme")
+            raise FileNotFoundError(f"{path}: no such file; run from the checkout's root or pass --results_page / "
+                                    "--readme")
         try:
             new_texts[path] = replace_block(path.read_text(encoding="utf-8"), block, body)
         except ValueError as error:
@@ -191,5 +247,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"rewrote the generated part of {path} from {' '.join(args.json)}")
 
 
-__all__ = ["render_page", "render_pages", "render_headline", "read_results", "headline_rows", "replace_block",
-           "describe_run", "read_result", "main"]
+__all__ = ["render_page", "render_pages", "render_headline", "read_results", "headline_rows", "headline_groups",
+           "headline_speed_picks", "replace_block", "describe_machine", "describe_run", "read_result", "main"]
