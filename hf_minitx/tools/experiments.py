@@ -28,10 +28,12 @@ from ..folders import check_output_folder, replace_folder, unlock_folder
 from ..models.configuration_minitx import MiniTxConfig
 from ..models.modeling_minitx import IGNORE_INDEX, MiniTxForConditionalGeneration
 from ..training.arguments import TrainArguments
+from ..training.end_of_run import finish, run_summary
 from ..training.evaluation import evaluate_loss
-from ..training.loop import LoopSettings, RunState, TrainingRun, finish, fit, run_summary
+from ..training.loop import fit
 from ..training.loss import Objective
 from ..training.optim import OPTIMIZERS, build_optimizer, build_scheduler, describe_schedule
+from ..training.state import LoopSettings, RunState, TrainingRun
 
 TASKS = ("copy", "reverse")
 SCHEDULES = ("inverse_sqrt", "constant_with_warmup", "cosine", "linear", "warmup_stable_decay")  # as `minitx train --lr_scheduler_type`

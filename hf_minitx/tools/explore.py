@@ -49,7 +49,7 @@ from ..models import MiniTxConfig
 from ..models.positions_minitx import rope_inverse_frequencies
 from ..training.checkpoints import CHECKPOINT_PREFIX, MODEL_FILES, RUN_STATE_FILE, list_checkpoints
 from ..training.outputs import METRICS_FILE, SUMMARY_FILE, read_metrics
-from ..training.prepare import build_model
+from ..training.setup import build_model
 from .model_reading import encode_text, parameter_counts, special_names
 
 LENS_TOP = 3  # tokens kept per layer and position in the logit lens

@@ -190,12 +190,12 @@ def bpe_without_special_tokens(folder: Path) -> Path:
 
 
 def test_train_with_a_tokenizer_without_eos_says_so_before_any_work(tmp_path, monkeypatch, capsys):
-    import hf_minitx.training.prepare as prepare
+    import hf_minitx.training.training_data as training_data
 
     def never(*args, **kwargs):
         raise AssertionError("the corpus was read before the tokenizer was checked")
 
-    monkeypatch.setattr(prepare, "load_corpus", never)
+    monkeypatch.setattr(training_data, "load_corpus", never)
     folder = bpe_without_special_tokens(tmp_path / "bpe")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(TEXTS))

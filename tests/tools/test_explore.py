@@ -192,7 +192,7 @@ def test_an_interrupted_run_is_explored_through_its_checkpoints(tmp_path):
     """No final folder (the run stopped): its latest checkpoint is the model shown, built from the run's recorded
     settings and tokenizer, with the earlier checkpoints before it."""
     from hf_minitx.data.tokenizer import train_bpe_tokenizer
-    from hf_minitx.training.prepare import build_model
+    from hf_minitx.training.setup import build_model
 
     run = tmp_path / "interrupted"
     run.mkdir()

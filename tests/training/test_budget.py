@@ -21,8 +21,10 @@ from test_train import _fresh_accelerate_state, causal_args, records, text_file 
 from hf_minitx.training.arguments import TrainArguments
 from hf_minitx.training.best import BestWeights
 from hf_minitx.training.budget import GRACE, MARGIN, TimeBudget, every
-from hf_minitx.training.loop import FitOutcome, RunState, keep_best, main
+from hf_minitx.training.end_of_run import keep_best
+from hf_minitx.training.loop import main
 from hf_minitx.training.optim import build_optimizer, build_scheduler, relay_schedule
+from hf_minitx.training.state import FitOutcome, RunState
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -265,7 +267,8 @@ def test_a_plan_bound_by_max_steps_or_too_short_to_time_again_is_final():
 
 
 def test_a_fraction_of_the_run_is_placed_on_the_final_plan():
-    from hf_minitx.training.loop import LoopSettings, evaluation_passed
+    from hf_minitx.training.run_length import evaluation_passed
+    from hf_minitx.training.state import LoopSettings
 
     budget = TimeBudget(100.0, decay_ratio=0.3, first_fraction=0.5)  # --eval_steps 0.5
     assert budget.replan_step(384) == round(0.35 * 384)  # the final plan before half of a shorter one

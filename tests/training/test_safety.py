@@ -264,10 +264,10 @@ def test_kill_during_a_checkpoint_save_leaves_a_resumable_run(finished_run, text
 
 STARTUP_HOOK = """
 import os, sys, time
-import hf_minitx.training.loop as loop
-import hf_minitx.training.prepare as prepare
+import hf_minitx.training.run_folder as run_folder
+import hf_minitx.training.setup as setup
 where = os.environ["TEST_PAUSE_AT"]
-real_corpus, real_load = loop.load_training_corpus, prepare.load_tokenizer
+real_corpus, real_load = setup.load_training_corpus, run_folder.load_tokenizer
 def pause():
     print("PAUSED", flush=True)
     time.sleep(60)
@@ -280,7 +280,7 @@ def slow_load(path):
     if where == "staged" and path.endswith(".partial"):
         pause()  # the freshly trained tokenizer waits in its staging folder
     return real_load(path)
-loop.load_training_corpus, prepare.load_tokenizer = slow_corpus, slow_load
+setup.load_training_corpus, run_folder.load_tokenizer = slow_corpus, slow_load
 from hf_minitx.cli import main
 sys.exit(main(sys.argv[1:]))
 """

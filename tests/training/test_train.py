@@ -19,8 +19,9 @@ from hf_minitx.cli import main as minitx
 from hf_minitx.models import MiniTxConfig
 from hf_minitx.training.arguments import TrainArguments, parse_training_args
 from hf_minitx.training.checkpoints import write_run_state
-from hf_minitx.training.loop import NonFiniteLossError, late_dropout_plan, main
-from hf_minitx.training.prepare import resolve_model_settings, run_identity
+from hf_minitx.training.loop import NonFiniteLossError, main
+from hf_minitx.training.run_length import late_dropout_plan
+from hf_minitx.training.run_plan import resolve_model_settings, run_identity
 
 REPO = Path(__file__).resolve().parents[2]
 WORDS = ("the quick brown fox jumps over a lazy dog while seven small birds sing about rivers, hills and "
