@@ -40,7 +40,8 @@ def test_the_plan_fits_the_steps_and_evaluations_in_what_is_left_of_the_budget()
     budget = TimeBudget(100.0, eval_steps=50)
     steps = budget.steps_that_fit(done=20, elapsed=10.0, step_seconds=0.1, eval_seconds=2.0)
     assert steps == 20 + int((100 * (1 - MARGIN) - 10) / (0.1 + 2.0 / 50))  # an evaluation's time every 50 steps
-    assert TimeBudget(100.0, eval_steps=0.25).steps_that_fit(20, 10.0, 0.1, 2.0) == 20 + int((100 * (1 - MARGIN) - 10 - 4 * 2.0) / 0.1)
+    fitting = TimeBudget(100.0, eval_steps=0.25).steps_that_fit(20, 10.0, 0.1, 2.0)
+    assert fitting == 20 + int((100 * (1 - MARGIN) - 10 - 4 * 2.0) / 0.1)
     assert TimeBudget(100.0, step_cap=50).steps_that_fit(10, 10.0, 0.1, 0.0) == 50  # --max_steps bounds the plan
     assert TimeBudget(5.0).steps_that_fit(20, 10.0, 0.1, 0.0) == 20  # the probe ate the budget
 
