@@ -365,8 +365,8 @@ def evaluate_and_check_target(run: TrainingRun, state: RunState, outcome: FitOut
 def fix_plan(run: TrainingRun, state: RunState, probe: Probe, elapsed: float) -> tuple[Probe | None, int]:
     """Plan the time budget from the timed window: the figures agreed by every process (their mean); the first
     time, one evaluation is timed when the run will evaluate along the way. The schedule is laid over the
-    planned steps. Returns (the next timing window or None once the plan is final, the step of an evaluation
-    made here or -1)."""
+    planned steps (``lay_plan``). Returns (the next timing window or None once the plan is final, the step of an
+    evaluation made here or -1)."""
     budget, accelerator = run.budget, run.accelerator
     figures = torch.tensor([probe.seconds_per_step, elapsed], dtype=torch.float64,
                            device=accelerator.device)
