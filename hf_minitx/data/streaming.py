@@ -198,3 +198,28 @@ def held_out_blocks(rows: IterableDataset, tokenizer: PreTrainedTokenizerBase, b
     if not blocks:
         raise ValueError("the held-out validation rows of the stream hold no token")
     return Dataset.from_dict({"input_ids": np.stack(blocks)}, features=block_features(block_size, dtype))
+
+
+def stream_state_path(checkpoint: str | Path, process_index: int) -> Path:
+    """Where process ``process_index`` keeps its stream position inside a checkpoint folder."""
+    return Path(checkpoint) / f"stream_state_{process_index}.npz"
+
+
+def save_stream_position(position: dict[str, Any], checkpoint: str | Path, process_index: int) -> None:
+    """Write this process's stream position (a ``PackedBlockStream.state_dict()``) into the checkpoint folder
+    (each process its own file, renamed into place once written)."""
+    path = stream_state_path(checkpoint, process_index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    save_stream_state(position, partial)
+    partial.replace(path)
+
+
+def restore_stream_position(stream: PackedBlockStream, checkpoint: str | Path, process_index: int) -> None:
+    """Continue ``stream`` exactly where the checkpoint's run left it."""
+    path = stream_state_path(checkpoint, process_index)
+    if not path.is_file():
+        raise ValueError(f"checkpoint {checkpoint} has no stream position for process {process_index} ({path.name}): "
+                         "it was not saved by a --streaming run with this many processes; resume it without "
+                         "--streaming, or start a new run")
+    stream.load_state_dict(load_stream_state(path))

@@ -49,7 +49,7 @@ from ..models import MiniTxConfig
 from ..models.positions_minitx import rope_inverse_frequencies
 from ..training.checkpoints import CHECKPOINT_PREFIX, MODEL_FILES, RUN_STATE_FILE, list_checkpoints
 from ..training.outputs import METRICS_FILE, SUMMARY_FILE, read_metrics
-from ..training.prepare import build_model
+from ..training.setup import build_model
 from .model_reading import encode_text, parameter_counts, special_names
 
 LENS_TOP = 3  # tokens kept per layer and position in the logit lens
@@ -144,7 +144,8 @@ def find_snapshots(model_dir: Path, run: str | None, most: int, latest: int | No
     if most < 1:
         raise ValueError(f"--max_checkpoints must be at least 1, got {most}")
     step = final_step(model_dir) if latest is None else latest
-    label = f"step {latest} (latest checkpoint)" if latest is not None else "final" if step is None else f"final (step {step})"
+    label = (f"step {latest} (latest checkpoint)" if latest is not None
+             else "final" if step is None else f"final (step {step})")
     final = Snapshot(label=label, step=step)
     if run is None:
         return [final]

@@ -12,7 +12,14 @@ import pytest
 
 from hf_minitx.data import documents, iter_training_texts, load_corpus, text_files, tokenize_and_pack
 from hf_minitx.data.preprocessing import block_collator, encode_rows, token_dtype
-from hf_minitx.data.streaming import PackedBlockStream, held_out_blocks, load_stream_state, save_stream_state
+from hf_minitx.data.streaming import (
+    PackedBlockStream,
+    held_out_blocks,
+    load_stream_state,
+    restore_stream_position,
+    save_stream_position,
+    save_stream_state,
+)
 from hf_minitx.data.tokenizer import train_bpe_tokenizer
 from hf_minitx.training.arguments import DataArguments, validation_split_value
 
@@ -121,6 +128,24 @@ def test_a_position_of_other_settings_is_refused(corpus_dir, tokenizer):
     state = PackedBlockStream(rows, tokenizer, 12, shuffle_buffer=4).state_dict()
     with pytest.raises(ValueError, match="shuffle buffer"):
         PackedBlockStream(rows, tokenizer, 12, shuffle_buffer=8).load_state_dict(state)
+
+
+def test_a_checkpoint_holds_each_process_position_and_resumes_it(tmp_path, corpus_dir, tokenizer):
+    """The position a checkpoint save writes (one file per process, renamed into place) continues the stream at
+    the very next block; a process whose position is missing is refused by name."""
+    rows = load_corpus(str(corpus_dir / "*.txt"), streaming=True)["train"]
+    settings = {"shuffle_buffer": 5, "seed": 2, "num_processes": 2, "process_index": 0}
+    first = PackedBlockStream(rows, tokenizer, 12, **settings)
+    take(first, 40)
+    checkpoint = tmp_path / "checkpoint-3"
+    save_stream_position(first.state_dict(), checkpoint, 0)
+    assert sorted(p.name for p in checkpoint.iterdir()) == ["stream_state_0.npz"]  # no .tmp left
+    second = PackedBlockStream(rows, tokenizer, 12, **settings)
+    restore_stream_position(second, checkpoint, 0)
+    assert take(second, 30) == take(first, 30)
+    with pytest.raises(ValueError, match="no stream position for process 1"):
+        restore_stream_position(PackedBlockStream(rows, tokenizer, 12, **{**settings, "process_index": 1}),
+                                checkpoint, 1)
 
 
 def test_epochs_shuffle_differently_and_repeat_no_block(corpus_dir, tokenizer, small_rows):

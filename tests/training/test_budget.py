@@ -21,8 +21,10 @@ from test_train import _fresh_accelerate_state, causal_args, records, text_file 
 from hf_minitx.training.arguments import TrainArguments
 from hf_minitx.training.best import BestWeights
 from hf_minitx.training.budget import GRACE, MARGIN, TimeBudget, every
-from hf_minitx.training.loop import FitOutcome, RunState, keep_best, main
+from hf_minitx.training.end_of_run import keep_best
+from hf_minitx.training.loop import main
 from hf_minitx.training.optim import build_optimizer, build_scheduler, relay_schedule
+from hf_minitx.training.state import FitOutcome, RunState
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,7 +40,8 @@ def test_the_plan_fits_the_steps_and_evaluations_in_what_is_left_of_the_budget()
     budget = TimeBudget(100.0, eval_steps=50)
     steps = budget.steps_that_fit(done=20, elapsed=10.0, step_seconds=0.1, eval_seconds=2.0)
     assert steps == 20 + int((100 * (1 - MARGIN) - 10) / (0.1 + 2.0 / 50))  # an evaluation's time every 50 steps
-    assert TimeBudget(100.0, eval_steps=0.25).steps_that_fit(20, 10.0, 0.1, 2.0) == 20 + int((100 * (1 - MARGIN) - 10 - 4 * 2.0) / 0.1)
+    fitting = TimeBudget(100.0, eval_steps=0.25).steps_that_fit(20, 10.0, 0.1, 2.0)
+    assert fitting == 20 + int((100 * (1 - MARGIN) - 10 - 4 * 2.0) / 0.1)
     assert TimeBudget(100.0, step_cap=50).steps_that_fit(10, 10.0, 0.1, 0.0) == 50  # --max_steps bounds the plan
     assert TimeBudget(5.0).steps_that_fit(20, 10.0, 0.1, 0.0) == 20  # the probe ate the budget
 
@@ -265,7 +268,8 @@ def test_a_plan_bound_by_max_steps_or_too_short_to_time_again_is_final():
 
 
 def test_a_fraction_of_the_run_is_placed_on_the_final_plan():
-    from hf_minitx.training.loop import LoopSettings, evaluation_passed
+    from hf_minitx.training.run_length import evaluation_passed
+    from hf_minitx.training.state import LoopSettings
 
     budget = TimeBudget(100.0, decay_ratio=0.3, first_fraction=0.5)  # --eval_steps 0.5
     assert budget.replan_step(384) == round(0.35 * 384)  # the final plan before half of a shorter one

@@ -15,6 +15,8 @@ from test_train import _fresh_accelerate_state, causal_args, records, text_file 
 
 from hf_minitx.training import loop
 from hf_minitx.training.budget import GRACE
+from hf_minitx.training.end_of_run import keep_best
+from hf_minitx.training.state import FitOutcome, RunState
 
 TICK = 0.004  # seconds per reading of the clock: a 0.1-minute budget plans ~300 steps
 KILLED_AT = 60  # the checkpoint: after the first plan (step 20), before the final one (about step 180)
@@ -100,7 +102,8 @@ def test_a_resume_without_max_minutes_keeps_the_recorded_budget_not_an_epoch(kil
     plan = assert_plan_ran_to_its_end(out, 0.1)
     assert plan["budget_minutes"] == 0.1
     (said,) = [r.getMessage() for r in caplog.records if "resumed without --max_minutes" in r.getMessage()]
-    assert "time budget of 0.1 min goes on" in said and f"plan of {saved_state(killed_run)['planned_steps']} steps" in said
+    assert "time budget of 0.1 min goes on" in said
+    assert f"plan of {saved_state(killed_run)['planned_steps']} steps" in said
 
 
 @pytest.mark.slow
@@ -178,8 +181,8 @@ def test_a_validation_split_too_small_to_choose_by_keeps_the_last_weights_and_sa
         for p in model.parameters():
             p.add_(1.0)
     last = {k: v.clone() for k, v in model.state_dict().items()}
-    outcome = loop.FitOutcome(final_metrics={"eval_loss": 3.0, "eval_tokens": 1})
-    loop.keep_best(_run_with(model, best), loop.RunState(step=20), outcome)
+    outcome = FitOutcome(final_metrics={"eval_loss": 3.0, "eval_tokens": 1})
+    keep_best(_run_with(model, best), RunState(step=20), outcome)
     assert outcome.kept["step"] == 20 and outcome.final_metrics["eval_loss"] == 3.0
     assert all(torch.equal(last[k], v) for k, v in model.state_dict().items())
     reason = f"the validation split scores 1 token(s), fewer than {MIN_CHOOSING_TOKENS:,}: too few to choose a model by"

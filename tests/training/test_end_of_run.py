@@ -30,7 +30,8 @@ from test_safety import (  # noqa: F401  (_fresh_accelerate_state is an autouse 
 from test_streaming_train import corpus, stream_args  # noqa: F401  (corpus is a fixture)
 from test_train import causal_args, records, seq2seq_args, text_file  # noqa: F401  (text_file is a fixture)
 
-import hf_minitx.training.loop as loop
+import hf_minitx.training.end_of_run as end_of_run
+import hf_minitx.training.setup as setup
 from hf_minitx.cli import main as minitx
 from hf_minitx.data.corpus import REPLACED_BYTES, load_corpus, local_inputs
 from hf_minitx.folders import LOCK_FILE
@@ -45,9 +46,10 @@ FIVE = ("--max_steps", "5", "--checkpointing_steps", "2", "--save_total_limit", 
 # so that a signal lands exactly there. Nothing that is computed changes.
 PAUSE_HOOK = """
 import os, sys, time
+import hf_minitx.training.end_of_run as end_of_run
 import hf_minitx.training.loop as loop
 where = os.environ["TEST_PAUSE_IN"]
-real_validate, real_save = loop.validate, loop.save_final_model
+real_validate, real_save = loop.validate, end_of_run.save_final_model
 def paused_validate(run, state):
     if where == "final-eval" and state.step == run.settings.total_steps:
         print("PAUSED", flush=True)
@@ -59,7 +61,7 @@ def paused_save(*args, **kwargs):
         print("PAUSED", flush=True)
         time.sleep(3)
     return result
-loop.validate, loop.save_final_model = paused_validate, paused_save
+loop.validate, end_of_run.save_final_model = paused_validate, paused_save
 from hf_minitx.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -174,7 +176,8 @@ def test_a_really_full_disk_at_the_final_save_is_one_line_and_resumes(five_steps
             capture_output=True, timeout=300)
         assert process.returncode == 2, process.stderr
         err = [line for line in process.stderr.strip().splitlines() if line.startswith("error:")]
-        assert len(err) == 1 and "No space left on device" in err[0] and "the finished model of 5 steps was saved" in err[0]
+        assert len(err) == 1 and "No space left on device" in err[0]
+        assert "the finished model of 5 steps was saved" in err[0]
         assert "Traceback" not in process.stderr and partials(disk) == [] and not (out / LOCK_FILE).exists()
         (rescued,) = elsewhere.iterdir()  # the trained weights survive the full disk
         assert_same_weights(five_steps, rescued)
@@ -251,7 +254,7 @@ def test_a_full_disk_at_the_final_save_leaves_no_hidden_folder(text_file, tmp_pa
         Path(folder).mkdir(parents=True, exist_ok=True)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(loop, "save_final_model", full)
+    monkeypatch.setattr(end_of_run, "save_final_model", full)
     assert minitx(["train", *causal_args(text_file, out, *FIVE)]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]  # not the bars
     assert len(err) == 1 and "No space left on device" in err[0] and "checkpoint-4" in err[0], err
@@ -266,7 +269,7 @@ def test_a_full_disk_at_the_final_save_of_a_run_without_checkpoints_says_how_to_
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with monkeypatch.context() as patch:
-        patch.setattr(loop, "save_final_model", full)
+        patch.setattr(end_of_run, "save_final_model", full)
         assert minitx(args) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]  # not the bars
     assert len(err) == 1 and "no checkpoint was saved before" in err[0], err
@@ -543,7 +546,7 @@ def test_a_failure_after_the_tokenizer_was_trained_leaves_no_staging_folder(tmp_
     def broken(*args, **kwargs):
         raise ValueError("packing failed")
 
-    monkeypatch.setattr(loop, "prepare_data", broken)
+    monkeypatch.setattr(setup, "prepare_data", broken)
     with pytest.raises(ValueError, match="packing failed"):
         train_main(causal_args(text_file, tmp_path / "run", "--max_steps", "2"))
     assert list(tmp_path.iterdir()) == []

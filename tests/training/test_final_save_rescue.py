@@ -12,7 +12,7 @@ import pytest
 from test_safety import assert_same_weights
 from test_train import causal_args, text_file  # noqa: F401  (text_file is a fixture)
 
-import hf_minitx.training.loop as loop
+import hf_minitx.training.end_of_run as end_of_run
 from hf_minitx.cli import main as minitx
 from hf_minitx.training import rescue
 from hf_minitx.training.loop import main as train_main
@@ -57,7 +57,7 @@ def test_a_disk_too_full_for_the_final_save_gets_the_model_written_elsewhere(two
     elsewhere.mkdir()
     out = disk / "run"
     writes = []
-    real_save = loop.save_final_model
+    real_save = end_of_run.save_final_model
 
     def save(model, tokenizer, folder, *args, **kwargs):
         writes.append(Path(folder))
@@ -65,7 +65,7 @@ def test_a_disk_too_full_for_the_final_save_gets_the_model_written_elsewhere(two
 
     full_disk_at(disk, monkeypatch)
     monkeypatch.setattr(rescue, "rescue_places", lambda: [tmp_path / "missing", elsewhere])
-    monkeypatch.setattr(loop, "save_final_model", save)
+    monkeypatch.setattr(end_of_run, "save_final_model", save)
     assert minitx(["train", *causal_args(text_file, out, "--max_steps", "2")]) == 2
     err = error_lines(capsys)
     (rescued,) = elsewhere.iterdir()
@@ -81,14 +81,14 @@ def test_a_write_that_fails_midway_is_rescued_and_a_full_everywhere_says_so(text
                                                                             capsys):
     out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
     elsewhere.mkdir()
-    real_save = loop.save_final_model
+    real_save = end_of_run.save_final_model
 
     def full_in_run(model, tokenizer, folder, *args, **kwargs):
         if Path(folder).is_relative_to(out):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(model, tokenizer, folder, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "save_final_model", full_in_run)
+    monkeypatch.setattr(end_of_run, "save_final_model", full_in_run)
     monkeypatch.setattr(rescue, "rescue_places", lambda: [elsewhere])
     assert minitx(["train", *causal_args(text_file, out, "--max_steps", "2")]) == 2
     err = error_lines(capsys)

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from hf_minitx.models import MODEL_FILES, MiniTxConfig, MiniTxForCausalLM
 from hf_minitx.training.arguments import TrainArguments
 from hf_minitx.training.checkpoints import STATE_FILES, check_checkpoint_files, check_checkpoint_fits
-from hf_minitx.training.prepare import check_sharding
+from hf_minitx.training.setup import check_sharding
 
 # one process shards a tiny model over gloo; argv: a folder, a free port
 SHARDED_MODEL = """

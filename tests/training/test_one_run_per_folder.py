@@ -219,15 +219,15 @@ def test_output_dir_dot_is_the_current_folder(tmp_path, text_file, monkeypatch, 
 
 WAIT_AFTER_DATA = """
 import os, sys, time
-import hf_minitx.training.loop as loop
-real = loop.load_training_corpus
+import hf_minitx.training.setup as setup
+real = setup.load_training_corpus
 def waiting(plan):
     corpus = real(plan)
     print("PAUSED", flush=True)
     while not os.path.exists(os.environ["TEST_GO"]):
         time.sleep(0.1)
     return corpus
-loop.load_training_corpus = waiting
+setup.load_training_corpus = waiting
 from hf_minitx.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -146,7 +146,8 @@ def test_train_refuses_a_folder_of_user_files(tmp_path, text_file, capsys):  # n
     before = snapshot(folder)
     assert minitx(["train", *causal_args(text_file, folder, "--max_steps", "1")]) == 2
     err = capsys.readouterr().err
-    assert "holds files this command did not make" in err and "tokenizer.json" in err and "--overwrite_output_dir" in err
+    assert "holds files this command did not make" in err and "tokenizer.json" in err
+    assert "--overwrite_output_dir" in err
     assert snapshot(folder) == before
 
 
@@ -264,10 +265,10 @@ def test_kill_during_a_checkpoint_save_leaves_a_resumable_run(finished_run, text
 
 STARTUP_HOOK = """
 import os, sys, time
-import hf_minitx.training.loop as loop
-import hf_minitx.training.prepare as prepare
+import hf_minitx.training.run_folder as run_folder
+import hf_minitx.training.setup as setup
 where = os.environ["TEST_PAUSE_AT"]
-real_corpus, real_load = loop.load_training_corpus, prepare.load_tokenizer
+real_corpus, real_load = setup.load_training_corpus, run_folder.load_tokenizer
 def pause():
     print("PAUSED", flush=True)
     time.sleep(60)
@@ -280,7 +281,7 @@ def slow_load(path):
     if where == "staged" and path.endswith(".partial"):
         pause()  # the freshly trained tokenizer waits in its staging folder
     return real_load(path)
-loop.load_training_corpus, prepare.load_tokenizer = slow_corpus, slow_load
+setup.load_training_corpus, run_folder.load_tokenizer = slow_corpus, slow_load
 from hf_minitx.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -330,7 +331,8 @@ def test_overwrite_refuses_a_folder_holding_the_runs_own_inputs(tmp_path, text_f
     (["--weight_decay", "inf"], "--weight_decay must be >= 0 and finite"),
     (["--adam_epsilon", "nan"], "--adam_epsilon must be > 0 and finite"),
     (["--eval_steps", "nan"], "--eval_steps must be a finite number, got nan"),
-    (["--checkpointing_steps", "inf"], "--checkpointing_steps is a whole number of steps or a fraction of the run in (0, 1), got inf"),
+    (["--checkpointing_steps", "inf"],
+     "--checkpointing_steps is a whole number of steps or a fraction of the run in (0, 1), got inf"),
     (["--max_minutes", "nan"], "--max_minutes must be a finite number, got nan"),  # with --max_steps too
     (["--lr_scheduler_type", "warmup_stable_decay", "--min_lr_ratio", "nan"], "--min_lr_ratio must be"),
     (["--shift_windows", "true", "--streaming"], "--shift_windows cuts packed causal-lm text and does not apply"),
@@ -465,7 +467,8 @@ def test_a_checkpoint_with_a_nan_weight_is_refused_on_resume_not_called_good(sho
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and f"checkpoint {run / 'checkpoint-2'} holds 1 non-finite weight(s) (NaN or inf)" in err[0]
     assert "it is damaged" in err[0] and "learning_rate" not in err[0]
-    assert not (run / "model.safetensors").exists() and sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert not (run / "model.safetensors").exists()
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2"]
 
 
 def test_damaged_run_marker_is_named(short_run, text_file, tmp_path, capsys):  # noqa: F811
@@ -484,7 +487,8 @@ def test_resuming_with_changed_settings_is_one_line(short_run, text_file, tmp_pa
     run = tmp_path / "run"
     shutil.copytree(short_run, run)
     args = ["train", *causal_args(text_file, run, "--max_steps", "4", "--resume_from_checkpoint", "latest"),
-            "--block_size", "16", "--config_overrides", "hidden_size=64,intermediate_size=64,max_position_embeddings=64"]
+            "--block_size", "16",
+            "--config_overrides", "hidden_size=64,intermediate_size=64,max_position_embeddings=64"]
     assert minitx(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "block_size: checkpoint has 32, this run has 16" in err[0] and "hidden_size" in err[0]

@@ -19,8 +19,9 @@ from hf_minitx.cli import main as minitx
 from hf_minitx.models import MiniTxConfig
 from hf_minitx.training.arguments import TrainArguments, parse_training_args
 from hf_minitx.training.checkpoints import write_run_state
-from hf_minitx.training.loop import NonFiniteLossError, late_dropout_plan, main
-from hf_minitx.training.prepare import resolve_model_settings, run_identity
+from hf_minitx.training.loop import NonFiniteLossError, main
+from hf_minitx.training.run_length import late_dropout_plan
+from hf_minitx.training.run_plan import resolve_model_settings, run_identity
 
 REPO = Path(__file__).resolve().parents[2]
 WORDS = ("the quick brown fox jumps over a lazy dog while seven small birds sing about rivers, hills and "
@@ -247,7 +248,8 @@ def test_muon_and_wsd_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_r
     assert [r["learning_rate"] for r in records(straight, "train")] == [
         r["learning_rate"] for r in records(killed, "train")]
     train = records(straight, "train")
-    assert train[-1]["loss"] < train[0]["loss"] and train[2]["learning_rate"] > 0  # it learns: the schedule reaches Muon
+    assert train[-1]["loss"] < train[0]["loss"]  # it learns
+    assert train[2]["learning_rate"] > 0  # the schedule reaches Muon
 
 
 @pytest.mark.slow
@@ -296,7 +298,8 @@ def test_two_processes_match_one_process_at_the_same_global_batch(text_file, tmp
     # On a machine without GPU, --multi_gpu makes accelerate start N processes (torchrun); the training
     # script then joins them as a multi-CPU gloo group. (--cpu would start one process only.)
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "--main_process_port", str(free_port())]
     # `-m hf_minitx train`: the form that works with the installed package, no script path needed
     subprocess.run([*launch, "-m", "hf_minitx", "train", *args], check=True, env=env, cwd=REPO, timeout=240)
 

@@ -1,0 +1,168 @@
+"""Checks of the training arguments that need no data: counts, ranges and combinations that cannot run, each
+refused with one clear error naming the option, before any work (``plan_run`` calls them)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..data.corpus import corpus_task
+from ..data.tokenizer import MIN_VOCAB_SIZE
+from ..models import MiniTxConfig
+from .arguments import DataArguments, TrainArguments
+from .optim import check_optimizer_arguments
+
+TRACKERS = {  # Accelerate's trackers (--report_to) and the pip package that brings each
+    "tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb", "aim": "aim", "comet_ml": "comet-ml",
+    "mlflow": "mlflow", "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab",
+}
+
+
+def parse_trackers(report_to: str) -> list[str]:
+    """``--report_to`` as a list of Accelerate tracker names (``none`` is the empty list)."""
+    trackers = [t.strip() for t in report_to.split(",") if t.strip() and t.strip() != "none"]
+    unknown = sorted(set(trackers) - set(TRACKERS))
+    if unknown:
+        raise ValueError(f"--report_to {unknown} is not supported; choose none or from {sorted(TRACKERS)}")
+    import accelerate.utils
+
+    missing = [t for t in trackers if not getattr(accelerate.utils, f"is_{t}_available")()]
+    if missing:  # Accelerate would only warn, and the run would log nothing
+        raise ImportError(f"--report_to {','.join(missing)}: not installed; pip install "
+                          f"{' '.join(TRACKERS[t] for t in missing)} (or leave --report_to out)")
+    return trackers
+
+
+def check_data_arguments(config: MiniTxConfig, data_args: DataArguments) -> None:
+    """The dataset fits the task, and sequence lengths fit the position table."""
+    builtin_task = corpus_task(data_args.dataset) if data_args.dataset.startswith("builtin:") else None
+    if builtin_task is not None and builtin_task != data_args.task:
+        raise ValueError(
+            f"task/dataset mismatch: {data_args.dataset} is a {builtin_task} corpus but --task is {data_args.task!r}; "
+            f"use --task {builtin_task} or a {data_args.task} dataset"
+        )
+    lengths = {"block_size": data_args.block_size} if data_args.task == "causal-lm" else {
+        "max_source_length": data_args.max_source_length, "max_target_length": data_args.max_target_length}
+    counts = {  # at least 1 (None: the default)
+        "max_eval_samples": data_args.max_eval_samples, "num_examples": data_args.num_examples,
+        "num_proc": data_args.num_proc, "max_source_length": data_args.max_source_length,
+        "max_target_length": data_args.max_target_length,
+        **({} if data_args.tokenizer else {"tokenizer_max_texts": data_args.tokenizer_max_texts,
+                                          "tokenizer_max_chars": data_args.tokenizer_max_chars}),
+    }
+    for name, value in counts.items():
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be >= 1 (or left out for the default), got {value}")
+    if data_args.task == "seq2seq":
+        for name in ("max_source_length", "max_target_length"):
+            if getattr(data_args, name) < 2:
+                raise ValueError(f"--{name} must be >= 2 (at least one token and <eos>), got "
+                                 f"{getattr(data_args, name)}")
+    if data_args.block_size < 2:
+        raise ValueError(f"--block_size must be >= 2 (a token and the next one to predict), got {data_args.block_size}")
+    if data_args.shift_windows and (data_args.task != "causal-lm" or data_args.streaming):
+        where = "--streaming (a stream is read once, in order)" if data_args.streaming else "--task seq2seq (pairs)"
+        raise ValueError(f"--shift_windows cuts packed causal-lm text and does not apply with {where}; leave it out")
+    if data_args.shuffle_buffer < 0:
+        raise ValueError(f"--shuffle_buffer must be >= 0 (0 keeps stream order), got {data_args.shuffle_buffer}")
+    if not data_args.tokenizer and data_args.tokenizer_vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"--tokenizer_vocab_size must be >= {MIN_VOCAB_SIZE} (256 bytes + 4 special tokens), got "
+                         f"{data_args.tokenizer_vocab_size}")
+    for name, value in lengths.items():
+        if value > config.max_position_embeddings:
+            raise ValueError(
+                f"--{name} {value} is larger than the model's max_position_embeddings "
+                f"({config.max_position_embeddings}); "
+                f"lower it, or raise the limit with --config_overrides max_position_embeddings={value}"
+            )
+    if data_args.tokenizer and not Path(data_args.tokenizer).is_dir():
+        how = "is not a folder" if Path(data_args.tokenizer).exists() else "does not exist"
+        raise FileNotFoundError(
+            f"--tokenizer {data_args.tokenizer} {how}; give a saved tokenizer folder (e.g. tokenizer/) "
+            "or leave it out to train one on the corpus"
+        )
+    if data_args.task == "seq2seq":
+        try:
+            import sacrebleu  # noqa: F401
+        except ImportError as err:
+            raise ImportError("seq2seq evaluation needs sacrebleu: pip install 'hf_minitx[demo]'") from err
+
+
+def check_training_arguments(train_args: TrainArguments) -> None:
+    """Counts are positive, the length of the run is defined, smoothing is a probability."""
+    if not train_args.output_dir:
+        raise ValueError("--output_dir is required: the folder for checkpoints and the final model")
+    positive = {
+        "per_device_train_batch_size": train_args.per_device_train_batch_size,
+        "per_device_eval_batch_size": train_args.per_device_eval_batch_size,
+        "gradient_accumulation_steps": train_args.gradient_accumulation_steps,
+        "logging_steps": train_args.logging_steps,
+    }
+    for name, value in positive.items():
+        if value < 1:
+            raise ValueError(f"--{name} must be >= 1, got {value}")
+    at_least = {  # None: the default; 0 for the *_steps: never
+        "generation_eval_samples": (train_args.generation_eval_samples, 1),
+        "generation_num_beams": (train_args.generation_num_beams, 1),
+        "num_threads": (train_args.num_threads, 1),
+        "num_sample_generations": (train_args.num_sample_generations, 0),
+        "eval_steps": (train_args.eval_steps, 0), "checkpointing_steps": (train_args.checkpointing_steps, 0),
+        "warmup_steps": (train_args.warmup_steps, 0), "save_total_limit": (train_args.save_total_limit, 1),
+    }
+    for name, (value, least) in at_least.items():
+        if value is not None and value < least:
+            raise ValueError(f"--{name} must be >= {least}, got {value}")
+    for name in ("eval_steps", "checkpointing_steps"):
+        value = getattr(train_args, name)
+        if value is not None and value > 1 and not float(value).is_integer():
+            raise ValueError(f"--{name} is a whole number of steps or a fraction of the run in (0, 1), got {value}")
+    if train_args.max_steps is not None and train_args.max_steps < 1:
+        raise ValueError(f"--max_steps must be >= 1, got {train_args.max_steps}")
+    if train_args.num_epochs is not None and not train_args.num_epochs > 0:
+        raise ValueError(f"--num_epochs must be > 0 (or give --max_steps), got {train_args.num_epochs}")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(train_args, name) < 1.0:
+            raise ValueError(f"--{name} must be in [0, 1), got {getattr(train_args, name)}")
+    if not 0 < train_args.adam_epsilon < math.inf:
+        raise ValueError(f"--adam_epsilon must be > 0 and finite, got {train_args.adam_epsilon}")
+    for name in ("weight_decay", "max_grad_norm"):  # max_grad_norm inf: no clipping, like 0
+        if not getattr(train_args, name) >= 0 or (name == "weight_decay" and math.isinf(train_args.weight_decay)):
+            raise ValueError(f"--{name} must be >= 0{' and finite' if name == 'weight_decay' else ''}, got "
+                             f"{getattr(train_args, name)}")
+    if not 0.0 <= train_args.label_smoothing < 1.0:
+        raise ValueError(f"--label_smoothing must be in [0, 1), got {train_args.label_smoothing}")
+    if not 0.0 <= train_args.late_dropout < 1.0:
+        raise ValueError(f"--late_dropout must be in [0, 1) (0: off), got {train_args.late_dropout}")
+    if not train_args.late_dropout_passes > 0:
+        raise ValueError(f"--late_dropout_passes must be > 0, got {train_args.late_dropout_passes}")
+    check_optimizer_arguments(train_args)
+    if train_args.max_minutes is not None and train_args.max_minutes <= 0:
+        raise ValueError(f"--max_minutes must be > 0 (or left out for no time budget), got {train_args.max_minutes}")
+    for name, value in vars(train_args).items():  # NaN passes the comparisons above; inf only as no clipping
+        if isinstance(value, float) and not math.isfinite(value) and not (name == "max_grad_norm" and value > 0):
+            raise ValueError(f"--{name} must be a finite number, got {value}")
+    if train_args.push_to_hub:
+        if not train_args.hub_model_id:
+            raise ValueError("--push_to_hub needs --hub_model_id USER/NAME")
+        from ..hub.push import check_upload_ready
+
+        check_upload_ready(train_args.hub_model_id)  # repo id, token, online: before any training
+
+
+def check_streaming_arguments(data_args: DataArguments, train_args: TrainArguments) -> None:
+    """One clear error for a streaming run that cannot work."""
+    if not data_args.streaming:
+        return
+    if data_args.task != "causal-lm":
+        raise ValueError("--streaming trains causal-lm models only; for --task seq2seq leave --streaming out")
+    if train_args.resume_from_checkpoint is None:  # a resumed run may take the checkpoint's budget up again
+        check_stream_length(train_args)
+    if data_args.shuffle_buffer < 0:
+        raise ValueError(f"--shuffle_buffer must be >= 0 blocks, got {data_args.shuffle_buffer}")
+
+
+def check_stream_length(train_args: TrainArguments) -> None:
+    """A stream has no length to count epochs from: --max_steps or a time budget (--max_minutes) ends the run."""
+    if train_args.max_steps is None and train_args.max_minutes is None:
+        raise ValueError("--streaming needs --max_steps or --max_minutes: a stream has no length to count epochs "
+                         "from")

@@ -1,0 +1,136 @@
+"""The run folder (``--output_dir``) of `minitx train`, from the lock to the claim.
+
+    lock_output_folder   the folder's lock, taken before any work: a second run on it stops at once
+    get_tokenizer        a freshly trained tokenizer waits in a hidden staging folder private to this launch
+    claim_output_folder  once every check passed: a new run empties (or creates) the folder, a resumed run keeps it
+    abandon_setup        an interruption before the first step removes what this run wrote, and says what is left
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+from transformers import PreTrainedTokenizerBase
+
+from ..data.corpus import iter_training_texts
+from ..data.tokenizer import load_tokenizer, train_bpe_tokenizer
+from ..folders import (
+    PARTIAL_SUFFIX,
+    describe_contents,
+    launch_id,
+    lock_folder,
+    move_files_into,
+    read_marker,
+    replace_folder,
+    unlock_folder,
+    write_marker,
+)
+from .checkpoints import write_failure
+from .run_plan import RunPlan
+
+
+def tokenizer_staging(plan: RunPlan) -> Path:
+    """Where a freshly trained tokenizer waits (a hidden sibling of output_dir, private to this launch) until the
+    folder is claimed."""
+    return plan.output_dir.with_name(f".{plan.output_dir.name}.tokenizer-{launch_id()}{PARTIAL_SUFFIX}")
+
+
+def lock_output_folder(plan: RunPlan) -> None:
+    """Take output_dir's lock before any work (the launch's first process), so that a second run on the same
+    folder is refused before it reads data or trains a tokenizer. A folder made to hold the lock is noted:
+    ``release_unclaimed`` removes it when the run stops before claiming it."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    made = not plan.output_dir.exists()
+    lock_folder(plan.output_dir, command="train")  # a live writer refuses (and nothing is noted)
+    plan.made_folder = made
+    pattern = f".{plan.output_dir.name}.tokenizer-*{PARTIAL_SUFFIX}"
+    for orphan in plan.output_dir.parent.glob(pattern):  # only the lock holder stages: these are a killed run's
+        if orphan != tokenizer_staging(plan):
+            shutil.rmtree(orphan, ignore_errors=True)
+            print(f"note: removed {orphan}, a tokenizer left half-saved by a run that was killed")
+
+
+def release_unclaimed(plan: RunPlan) -> None:
+    """After a failure before the folder was claimed: no staging folder is left, and a folder made only to hold
+    the lock is removed (its lock with it)."""
+    shutil.rmtree(tokenizer_staging(plan), ignore_errors=True)
+    if plan.claimed is None and plan.made_folder:
+        unlock_folder(plan.output_dir)
+        shutil.rmtree(plan.output_dir, ignore_errors=True)
+
+
+def get_tokenizer(plan: RunPlan, corpus: Any, accelerator: Accelerator) -> PreTrainedTokenizerBase:
+    """The given tokenizer folder, the one a resumed run saved, or a byte-level BPE trained on the training
+    split (the main process trains it into ``tokenizer_staging``; ``claim_output_folder`` moves it in)."""
+    data_args, output_dir = plan.data_args, plan.output_dir
+    if data_args.tokenizer:
+        return load_tokenizer(data_args.tokenizer)
+    if plan.checkpoint is not None and (output_dir / "tokenizer.json").is_file():
+        return load_tokenizer(str(output_dir))
+    staging = tokenizer_staging(plan)
+    if accelerator.is_main_process:
+        accelerator.print(f"training a {data_args.tokenizer_vocab_size}-token BPE tokenizer on {data_args.dataset}")
+        tokenizer = train_bpe_tokenizer(
+            iter_training_texts(corpus["train"], max_texts=data_args.tokenizer_max_texts, seed=plan.train_args.seed,
+                                max_chars=data_args.tokenizer_max_chars),
+            data_args.tokenizer_vocab_size, model_max_length=plan.config.max_position_embeddings,
+            add_eos_token=data_args.task == "seq2seq",  # sources end with EOS, in training and in use
+        )
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            tokenizer.save_pretrained(staging)
+        except BaseException as error:  # an interruption (or a full disk) leaves no half-saved staging folder
+            shutil.rmtree(staging, ignore_errors=True)
+            failure = write_failure(error, staging, output_dir)
+            if failure is error:
+                raise
+            raise failure from None
+    accelerator.wait_for_everyone()
+    return load_tokenizer(str(staging))
+
+
+def claim_output_folder(plan: RunPlan) -> str:
+    """Main process, once every check passed: the only place a run's old folder is replaced. A new run
+    empties (or creates) output_dir and marks it; a resumed run keeps it. Returns the run id."""
+    if plan.checkpoint is None:
+        folder = plan.output_dir
+        plan.claimed = ("missing" if plan.made_folder or not folder.exists()
+                        else "replaced" if describe_contents(folder) else "empty")
+        run_id = replace_folder(plan.output_dir, command="train")
+    else:
+        plan.claimed = "resumed"
+        lock_folder(plan.output_dir, command="train")
+        marker = read_marker(plan.output_dir)
+        run_id = (marker or {}).get("run_id") or plan.resume_state.get("run_id") or uuid.uuid4().hex[:12]
+        if marker is None:
+            write_marker(plan.output_dir, command="train", run_id=run_id)
+    staging = tokenizer_staging(plan)
+    if staging.is_dir():
+        move_files_into(staging, plan.output_dir)
+    return run_id
+
+
+def abandon_setup(plan: RunPlan | None) -> str:
+    """After an interruption before the first step: remove what this run wrote (the tokenizer staging
+    folder; a new run's marker and tokenizer), and say in one line what is left."""
+    if plan is None:
+        return "interrupted before training started; nothing was written"
+    release_unclaimed(plan)
+    folder = plan.output_dir
+    if plan.claimed == "resumed":
+        return f"interrupted before training resumed; the run in {folder} is as it was: resume it again"
+    if plan.claimed == "missing":
+        shutil.rmtree(folder, ignore_errors=True)
+    elif plan.claimed in ("empty", "replaced"):  # holds only what this run put there
+        for path in folder.iterdir():
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if plan.claimed == "replaced":
+        return (f"interrupted before training started; the old contents of {folder} had already been replaced "
+                "(--overwrite_output_dir), so it is left empty")
+    return "interrupted before training started; nothing was written"
