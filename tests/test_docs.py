@@ -130,3 +130,21 @@ def test_every_relative_link_of_the_page_resolves(page):
         elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text(encoding="utf-8")):
             broken.append(f"{target}: no heading with that anchor")
     assert broken == [], f"{page.relative_to(ROOT)}: {broken}"
+
+
+def test_every_docs_page_the_code_cites_exists_with_its_section():
+    """A docstring or comment that sends the reader to `docs/PAGE.md` (and, quoted after it, a section) must
+    name a page that exists and a heading that page has: a moved section would leave the pointer stale."""
+    cited = 0
+    for path in sorted((ROOT / "hf_minitx").rglob("*.py")):
+        text = path.read_text()
+        for match in re.finditer(r"docs/([\w-]+\.md)(?:, \"([^\"]+)\")?", text):
+            page, section = match.groups()
+            cited += 1
+            assert (ROOT / "docs" / page).is_file(), f"{path.relative_to(ROOT)} cites docs/{page}, which is gone"
+            if section:
+                headings = [line.lstrip("#").strip() for line in (ROOT / "docs" / page).read_text().splitlines()
+                            if line.startswith("#")]
+                assert any(h.startswith(section) for h in headings), (
+                    f"{path.relative_to(ROOT)} cites the section {section!r} of docs/{page}, which has no such heading")
+    assert cited >= 5

@@ -79,8 +79,8 @@ class Muon(torch.optim.Muon):
     Each step, per matrix: momentum ``buf = mu * buf + (1 - mu) * grad``, the Nesterov update
     ``grad + mu * (buf - grad)``, five Newton-Schulz iterations that replace the update by the nearest
     semi-orthogonal matrix (all its singular values near 1), then ``p -= lr * sqrt(max(1, rows / cols)) * update``
-    after decoupled weight decay. torch runs the iterations in bfloat16, which is fast on GPUs but 20-40x slower
-    than float32 on CPUs without bfloat16 units (measured at width 128: docs/training.md, "Muon's cost on a CPU"); off the
+    after decoupled weight decay. torch runs the iterations in bfloat16, which is fast on GPUs but many times slower
+    than float32 on CPUs without bfloat16 units (docs/training.md, "Muon's cost on a CPU"); off the
     CPU this class is torch's Muon unchanged.
     """
 

@@ -186,7 +186,7 @@ def shift_window(plan: RunPlan) -> int:
     return plan.data_args.block_size if shifts_windows(plan.data_args) else 0
 
 
-LATE_DROPOUT = 0.1  # causal-lm's default --late_dropout (docs/training.md: the screen that chose it)
+LATE_DROPOUT = 0.1  # causal-lm's default --late_dropout (docs/recipe-log.md: the screen that chose it)
 RECIPE_FIELDS = ("optimizer", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
                  "lr_scheduler_type", "warmup_steps", "max_grad_norm", "label_smoothing", "late_dropout")
 RECIPE_FIELDS_OF = {"muon": ("muon_learning_rate", "muon_weight_decay", "muon_momentum"),
