@@ -62,8 +62,9 @@ class DataArguments:
     target_column: str | None = field(default=None, metadata={"help": "Target column of a seq2seq corpus."})
     validation_split: float = field(
         default=0.05,
-        metadata={"help": "Validation carved from train when the corpus has none: a fraction (0.05), or a whole number N "
-                          "of samples (with --streaming: a fraction 1/k takes every k-th row, N the first N rows)."},
+        metadata={"help": "Validation carved from train when the corpus has none: a fraction (0.05), or a whole "
+                          "number N of samples (with --streaming: a fraction 1/k takes every k-th row, N the first N "
+                          "rows)."},
     )
     sample_by: Literal["document", "paragraph", "line"] = field(
         default="document",
@@ -86,12 +87,14 @@ class DataArguments:
     )
     tokenizer_max_chars: int | None = field(
         default=10_000_000,
-        metadata={"help": "Train a fresh tokenizer on at most this many characters too (text files come in ~1 MB rows)."},
+        metadata={"help": "Train a fresh tokenizer on at most this many characters too (text files come in "
+                          "~1 MB rows)."},
     )
     streaming: bool = field(
         default=False,
-        metadata={"help": "causal-lm: read the corpus as a stream, tokenized and packed on the fly (nothing prepared or "
-                          "cached; a corpus larger than memory trains). Needs --max_steps or --max_minutes. Resumes at the exact block."},
+        metadata={"help": "causal-lm: read the corpus as a stream, tokenized and packed on the fly (nothing "
+                          "prepared or cached; a corpus larger than memory trains). Needs --max_steps or "
+                          "--max_minutes. Resumes at the exact block."},
     )
     skip_bad_rows: bool = field(
         default=False,
@@ -107,7 +110,8 @@ class DataArguments:
     )
     shuffle_buffer: int = field(
         default=10_000,
-        metadata={"help": "--streaming: blocks in the seeded shuffle buffer (reseeded each epoch); 0 keeps stream order."},
+        metadata={"help": "--streaming: blocks in the seeded shuffle buffer (reseeded each epoch); 0 keeps "
+                          "stream order."},
     )
     block_size: int = field(default=128, metadata={"help": "causal-lm: tokens per packed training block."})
     shift_windows: bool | None = field(
@@ -179,7 +183,9 @@ class TrainArguments:
                                          "shrinks them by lr x this); it pays off in runs that pass over their data "
                                          "many times."}
     )
-    lr_scheduler_type: Literal["cosine", "inverse_sqrt", "linear", "constant_with_warmup", "warmup_stable_decay"] = field(
+    lr_scheduler_type: Literal[
+        "cosine", "inverse_sqrt", "linear", "constant_with_warmup", "warmup_stable_decay"
+    ] = field(
         default="warmup_stable_decay",
         metadata={"help": "Warmup then cosine decay, the paper's inverse square root, or warmup_stable_decay "
                           "(warmup, hold the peak, decay over the last --decay_ratio of the steps); transformers' "
@@ -230,8 +236,9 @@ class TrainArguments:
     )
     logging_steps: int = field(default=10, metadata={"help": "Write a train record to metrics.jsonl every N steps."})
     eval_steps: float | None = field(
-        default=200, metadata={"help": "Evaluate every N steps (and always at the end); a value in (0, 1) is a fraction "
-                                       "of the run's steps (with --max_minutes, of the planned steps); 0: at the end only."}
+        default=200,
+        metadata={"help": "Evaluate every N steps (and always at the end); a value in (0, 1) is a fraction of the "
+                          "run's steps (with --max_minutes, of the planned steps); 0: at the end only."}
     )
     generation_eval_samples: int | None = field(
         default=None,
@@ -244,8 +251,9 @@ class TrainArguments:
         default=None, metadata={"help": "'|'-separated prompts for the sample generations (default: validation)."}
     )
     checkpointing_steps: float | None = field(
-        default=None, metadata={"help": "Save accelerator state to checkpoint-STEP/ every N steps; a value in (0, 1) is a "
-                                        "fraction of the run's steps (with --max_minutes, of the planned steps)."}
+        default=None,
+        metadata={"help": "Save accelerator state to checkpoint-STEP/ every N steps; a value in (0, 1) is a "
+                          "fraction of the run's steps (with --max_minutes, of the planned steps)."}
     )
     save_total_limit: int = field(default=2, metadata={"help": "Checkpoints kept (the oldest are deleted)."})
     report_to: str = field(

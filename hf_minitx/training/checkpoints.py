@@ -80,7 +80,8 @@ def read_run_state(checkpoint: Path) -> dict[str, Any]:
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError) as error:
-        raise ValueError(f"{path} cannot be read ({type(error).__name__}: {error}); {_FIX.format(checkpoint)}") from None
+        reason = f"{type(error).__name__}: {error}"
+        raise ValueError(f"{path} cannot be read ({reason}); {_FIX.format(checkpoint)}") from None
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
         raise ValueError(f"{path} is not a run state (a JSON object with a step); {_FIX.format(checkpoint)}")
     return state

@@ -26,7 +26,8 @@ def token_cross_entropy(
 
     logits (batch, seq, vocab) and labels (batch, seq) are already aligned (logits[t] predicts labels[t]).
     ``reduction``: "mean" over labelled tokens (a scalar), "sum" (a scalar), or "none" (batch, seq) with 0
-    at ignored positions. The trainer's one cross-entropy; the heads use transformers' ``self.loss_function``, which agrees with it.
+    at ignored positions. The trainer's one cross-entropy; the heads use transformers' ``self.loss_function``,
+    which agrees with it.
     """
     flat_logits = logits.float().reshape(-1, logits.size(-1))  # (batch * seq, vocab)
     losses = nn.functional.cross_entropy(

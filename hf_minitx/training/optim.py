@@ -12,8 +12,8 @@ Parameters fall into three kinds (``partition_parameters``), each exactly once:
 - ``no_decay``: embeddings (tokens, learned positions), norm weights and every bias.
 
 ``adamw``: AdamW on all of them, weight decay on ``matrices`` and ``head``. ``muon``: torch's ``torch.optim.Muon``
-(``Muon`` below: float32 orthogonalisation on a CPU) on ``matrices`` (momentum, then the update orthogonalised by Newton-Schulz iterations), AdamW on the rest. A new
-optimizer is one entry of ``OPTIMIZERS``.
+(``Muon`` below: float32 orthogonalisation on a CPU) on ``matrices`` (momentum, then the update orthogonalised
+by Newton-Schulz iterations), AdamW on the rest. A new optimizer is one entry of ``OPTIMIZERS``.
 """
 
 from __future__ import annotations
@@ -270,7 +270,8 @@ def schedule_factor(args: OptimizerArguments, total_steps: int) -> Callable[[int
     if args.lr_scheduler_type == "warmup_stable_decay":
         warmup, decay = wsd_phases(args, total_steps)
         scheduler = get_wsd_schedule(probe, num_warmup_steps=warmup, num_decay_steps=decay,
-                                     num_training_steps=total_steps, decay_type="linear", min_lr_ratio=args.min_lr_ratio)
+                                     num_training_steps=total_steps, decay_type="linear",
+                                     min_lr_ratio=args.min_lr_ratio)
     else:
         scheduler = get_scheduler(args.lr_scheduler_type, probe, num_warmup_steps=args.warmup_steps,
                                   num_training_steps=total_steps)

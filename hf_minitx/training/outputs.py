@@ -54,7 +54,8 @@ def read_metrics(run_dir: str | Path) -> dict[str, np.ndarray]:
             raise ValueError(f"{path}:{number} is not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1}); "
                              "metrics.jsonl is written by minitx train: restore it, or delete that line") from None
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number} is not valid JSON ({err.msg}); each line must be one JSON object.") from err
+            raise ValueError(f"{path}:{number} is not valid JSON ({err.msg}); each line must be one JSON "
+                             "object.") from err
         if record.get("type") == "train":
             train.append(record)
         elif record.get("type") == "eval":

@@ -56,7 +56,8 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest_each_parameter_once(m
                           muon_weight_decay=0.01)
     optimizer = build_optimizer(model, args)
     assert isinstance(optimizer, CombinedOptimizer)
-    assert isinstance(optimizer.parts["muon"], torch.optim.Muon) and isinstance(optimizer.parts["adamw"], torch.optim.AdamW)
+    assert isinstance(optimizer.parts["muon"], torch.optim.Muon)
+    assert isinstance(optimizer.parts["adamw"], torch.optim.AdamW)
     groups = _groups(optimizer)
     ids = [id(p) for g in optimizer.param_groups for p in g["params"]]
     assert sorted(ids) == sorted(id(p) for p in model.parameters())  # every parameter exactly once
@@ -199,14 +200,16 @@ def test_muon_step_is_torchs_muon_with_float32_orthogonalisation(monkeypatch):
     torch.manual_seed(0)
     ours, theirs = (nn.Parameter(torch.randn(48, 16)) for _ in range(2))
     theirs.data.copy_(ours.data)
-    opt_ours, opt_theirs = Muon([ours], lr=0.02, weight_decay=0.1), torch.optim.Muon([theirs], lr=0.02, weight_decay=0.1)
+    opt_ours = Muon([ours], lr=0.02, weight_decay=0.1)
+    opt_theirs = torch.optim.Muon([theirs], lr=0.02, weight_decay=0.1)
     for _ in range(3):
         grad = torch.randn(48, 16)
         ours.grad, theirs.grad = grad.clone(), grad.clone()
         opt_ours.step()
         opt_theirs.step()
     assert torch.equal(ours, theirs)
-    assert opt_ours.state_dict()["state"][0]["momentum_buffer"].equal(opt_theirs.state_dict()["state"][0]["momentum_buffer"])
+    buffers = [opt.state_dict()["state"][0]["momentum_buffer"] for opt in (opt_ours, opt_theirs)]
+    assert buffers[0].equal(buffers[1])
     singular = torch.linalg.svdvals(newton_schulz(torch.randn(64, 24), (3.4445, -4.775, 2.0315), 5, 1e-7))
     assert singular.min() > 0.5 and singular.max() < 1.5  # semi-orthogonal, up to the iteration's slack
 

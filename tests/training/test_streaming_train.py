@@ -25,7 +25,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS
 def corpus(tmp_path_factory) -> Path:
     """Four .txt files of distinct documents made of random words (no two blocks alike)."""
     rng = random.Random(0)
-    vocabulary = [f"{a}{b}" for a in ("ka", "lo", "mi", "ne", "ru", "ta", "po", "de") for b in ("n", "r", "s", "l", "m")]
+    vocabulary = [f"{a}{b}" for a in ("ka", "lo", "mi", "ne", "ru", "ta", "po", "de")
+                  for b in ("n", "r", "s", "l", "m")]
     folder = tmp_path_factory.mktemp("stream_corpus")
     for part in range(4):
         lines = [" ".join(rng.choices(vocabulary, k=rng.randint(6, 14))) + "." for _ in range(300)]
@@ -60,7 +61,8 @@ def test_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_run(corpus, tm
     straight, killed = tmp_path / "straight", tmp_path / "killed"
 
     def after_the_kill(folder: Path) -> None:
-        assert (folder / "checkpoint-3" / "stream_state_0.npz").is_file() and not (folder / "model.safetensors").exists()
+        assert (folder / "checkpoint-3" / "stream_state_0.npz").is_file()
+        assert not (folder / "model.safetensors").exists()
 
     kill_then_resume(lambda folder: stream_args(corpus, folder, *extra), straight, killed, ENV, REPO, after_the_kill)
     assert_same_weights(straight, killed)
