@@ -34,7 +34,8 @@ from ..training.loss import Objective
 from ..training.optim import OPTIMIZERS, build_optimizer, build_scheduler, describe_schedule
 
 TASKS = ("copy", "reverse")
-SCHEDULES = ("inverse_sqrt", "constant_with_warmup", "cosine", "linear", "warmup_stable_decay")  # as `minitx train --lr_scheduler_type`
+# as `minitx train --lr_scheduler_type`
+SCHEDULES = ("inverse_sqrt", "constant_with_warmup", "cosine", "linear", "warmup_stable_decay")
 FIRST_TOKEN = 4  # ids below are special: 0 pad, 1 bos, 2 eos, 3 kept free
 
 
@@ -42,7 +43,8 @@ FIRST_TOKEN = 4  # ids below are special: 0 pad, 1 bos, 2 eos, 3 kept free
 class ExperimentConfig:
     """One toy seq2seq run. Defaults: the copy task reaching 100% exact match in well under a minute."""
 
-    task: str = field(default="copy", metadata={"help": "toy task: copy (output = input) or reverse (output = input reversed)"})
+    task: str = field(default="copy", metadata={
+        "help": "toy task: copy (output = input) or reverse (output = input reversed)"})
     vocab_size: int = field(default=16, metadata={"help": "token ids in the task, the 4 special ids included"})
     min_length: int = field(default=4, metadata={"help": "shortest sequence"})
     max_length: int = field(default=10, metadata={"help": "longest sequence"})
@@ -55,23 +57,29 @@ class ExperimentConfig:
     norm_type: str = field(default="layernorm", metadata={"help": "layernorm or rmsnorm"})
     hidden_act: str = field(default="gelu", metadata={"help": "feed-forward activation: gelu, relu, relu2 or swiglu"})
     qk_norm: bool = field(default=False, metadata={"help": "normalise each head's queries and keys"})
-    final_logit_softcap: float | None = field(default=None, metadata={"help": "soft cap c of the logits, c·tanh(logits/c) (none: off)"})
-    initializer_range: float = field(default=0.02, metadata={"help": "std of the weights at init; 1/sqrt(hidden_size) is the paper's scale"})
+    final_logit_softcap: float | None = field(default=None, metadata={
+        "help": "soft cap c of the logits, c·tanh(logits/c) (none: off)"})
+    initializer_range: float = field(default=0.02, metadata={
+        "help": "std of the weights at init; 1/sqrt(hidden_size) is the paper's scale"})
     steps: int = field(default=600, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=64, metadata={"help": "sequences per step"})
-    optimizer: str = field(default="adamw", metadata={"help": "adamw, or muon (Muon on the hidden matrices, AdamW on the rest)"})
+    optimizer: str = field(default="adamw", metadata={
+        "help": "adamw, or muon (Muon on the hidden matrices, AdamW on the rest)"})
     learning_rate: float = field(default=1e-3, metadata={"help": "peak learning rate (with muon: of the AdamW groups)"})
     muon_learning_rate: float = field(default=0.02, metadata={"help": "optimizer muon: peak learning rate of Muon"})
-    schedule: str = field(default="inverse_sqrt", metadata={"help": "inverse_sqrt (the paper), constant_with_warmup, cosine, linear or warmup_stable_decay"})
+    schedule: str = field(default="inverse_sqrt", metadata={
+        "help": "inverse_sqrt (the paper), constant_with_warmup, cosine, linear or warmup_stable_decay"})
     warmup_steps: int = field(default=100, metadata={"help": "linear warmup steps"})
     label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing (paper: 0.1)"})
     max_grad_norm: float | None = field(default=1.0, metadata={"help": "gradient clipping norm (none: no clipping)"})
     eval_every: int = field(default=50, metadata={"help": "evaluate every N steps"})
     log_every: int = field(default=10, metadata={"help": "log a train record every N steps"})
     eval_examples: int = field(default=256, metadata={"help": "held-out sequences for evaluation"})
-    stop_at_exact_match: float | None = field(default=100.0, metadata={"help": "stop when validation exact match (percent) reaches this (none: run all steps)"})
+    stop_at_exact_match: float | None = field(default=100.0, metadata={
+        "help": "stop when validation exact match (percent) reaches this (none: run all steps)"})
     seed: int = field(default=0, metadata={"help": "seed of the data and the weights"})
-    output_dir: str | None = field(default=None, metadata={"help": "folder for metrics.jsonl, the model and training_summary.json"})
+    output_dir: str | None = field(default=None, metadata={
+        "help": "folder for metrics.jsonl, the model and training_summary.json"})
     overwrite: bool = field(default=False, metadata={"help": "replace a non-empty --output_dir (refused otherwise)"})
 
 
@@ -227,8 +235,8 @@ def build_run(config: ExperimentConfig, output_dir: Path | None) -> TrainingRun:
               "max_grad_norm": config.max_grad_norm, "label_smoothing": config.label_smoothing,
               "global_batch_size": config.batch_size, "max_source_length": config.max_length + 1}
     return TrainingRun(accelerator, model, optimizer, scheduler, iter(loader),
-                       Objective.for_seq2seq(accelerator.unwrap_model(model).config, config.label_smoothing), ToyTaskEvaluation(eval_batch),
-                       settings, output_dir, recipe=recipe)
+                       Objective.for_seq2seq(accelerator.unwrap_model(model).config, config.label_smoothing),
+                       ToyTaskEvaluation(eval_batch), settings, output_dir, recipe=recipe)
 
 
 def run_experiment(config: ExperimentConfig) -> dict:
@@ -247,7 +255,8 @@ def run_experiment(config: ExperimentConfig) -> dict:
     outcome = fit(run, state)
     if outcome.interrupted_by is not None:
         raise Interrupted(f"experiment stopped by {signal.Signals(outcome.interrupted_by).name} after step "
-                          f"{state.step}; toy runs are short, so nothing was saved: run it again", 128 + outcome.interrupted_by)
+                          f"{state.step}; toy runs are short, so nothing was saved: run it again",
+                          128 + outcome.interrupted_by)
     summary = {
         "task": "seq2seq", "dataset": f"toy:{config.task}", "dataset_config": None, "hub_dataset": False,
         **run_summary(run, state, outcome), "preset": f"experiment-{config.task}", "seed": config.seed,
@@ -304,11 +313,13 @@ class ExperimentArguments:
 
     preset: str = field(default="copy", metadata={"help": f"starting configuration: {', '.join(PRESETS)}"})
     compare: list[str] | None = field(default=None, metadata={
-        "help": "FIELD VALUE VALUE ...: train one run per value on the same data and seed, e.g. norm_position post pre"})
+        "help": "FIELD VALUE VALUE ...: train one run per value on the same data and seed, "
+                "e.g. norm_position post pre"})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)"})
 
 
-NONE_FIELDS = ("stop_at_exact_match", "max_grad_norm", "final_logit_softcap")  # fields where the word `none` means "off"
+# fields where the word `none` means "off"
+NONE_FIELDS = ("stop_at_exact_match", "max_grad_norm", "final_logit_softcap")
 
 
 def _take_none_values(argv: list[str]) -> tuple[list[str], dict[str, None]]:

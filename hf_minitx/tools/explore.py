@@ -144,7 +144,8 @@ def find_snapshots(model_dir: Path, run: str | None, most: int, latest: int | No
     if most < 1:
         raise ValueError(f"--max_checkpoints must be at least 1, got {most}")
     step = final_step(model_dir) if latest is None else latest
-    label = f"step {latest} (latest checkpoint)" if latest is not None else "final" if step is None else f"final (step {step})"
+    label = (f"step {latest} (latest checkpoint)" if latest is not None
+             else "final" if step is None else f"final (step {step})")
     final = Snapshot(label=label, step=step)
     if run is None:
         return [final]
