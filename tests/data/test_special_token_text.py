@@ -144,7 +144,8 @@ def test_seq2seq_sources_and_labels_end_with_the_only_eos(tmp_path):
     tokenizer = train_bpe_tokenizer(TEXTS, vocab_size=300, add_eos_token=True)
     tokenizer.save_pretrained(tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(old_style(tmp_path))  # the flag off: preprocessing sets it per call
-    dd = datasets.DatasetDict(train=datasets.Dataset.from_dict({"source": SPECIAL_TEXTS, "target": SPECIAL_TEXTS[::-1]}))
+    dd = datasets.DatasetDict(
+        train=datasets.Dataset.from_dict({"source": SPECIAL_TEXTS, "target": SPECIAL_TEXTS[::-1]}))
     rows = preprocess_seq2seq(dd, tokenizer, max_source_length=256, max_target_length=256)["train"]
     for row in rows:
         for ids in (row["input_ids"], row["labels"]):
@@ -217,6 +218,7 @@ def test_a_model_trained_with_an_old_tokenizer_folder_saves_the_safe_one(old_fol
                    "--block_size", "32", "--max_steps", "1", "--eval_steps", "0", "--max_eval_samples", "2",
                    "--num_sample_generations", "1", "--disable_tqdm", "--num_threads", "1"]) in (0, None)
     assert json.loads((out / "tokenizer_config.json").read_text())["split_special_tokens"] is True
-    for tokenizer in (PreTrainedTokenizerFast.from_pretrained(out), AutoTokenizer.from_pretrained(out, trust_remote_code=True)):
+    for tokenizer in (PreTrainedTokenizerFast.from_pretrained(out),
+                      AutoTokenizer.from_pretrained(out, trust_remote_code=True)):
         for text in SPECIAL_TEXTS:
             assert_text_only(tokenizer, text)

@@ -205,7 +205,8 @@ def test_an_interrupted_run_is_explored_through_its_checkpoints(tmp_path):
         torch.manual_seed(step)
         model = build_model(tiny_config(**settings), tokenizer).eval()
         _checkpoint(run, step, model, safetensors=step == 4)
-        (run / f"checkpoint-{step}" / "run_state.json").write_text(json.dumps({"step": step, "model_settings": settings}))
+        (run / f"checkpoint-{step}" / "run_state.json").write_text(
+            json.dumps({"step": step, "model_settings": settings}))
         models.append(model)
     data = explore.explore_data(run, TEXT, run=str(run), top_k=3)
     assert [s["label"] for s in data["snapshots"]] == ["step 2", "step 4 (latest checkpoint)"]
@@ -226,8 +227,8 @@ def test_max_checkpoints_spreads_from_first_to_last():
                                   "target-for-decoder-only", "not-html", "another-models-run", "damaged-checkpoint",
                                   "out-under-a-file", "empty-text", "run-not-a-folder", "no-model-folder",
                                   "nan-weight", "nan-checkpoint", "another-runs-history", "not-utf8-text",
-                                  "interrupted-run", "interrupted-run-without-weights", "unrecorded-copy-and-another-run",
-                                  "copied-over-another-run"])
+                                  "interrupted-run", "interrupted-run-without-weights",
+                                  "unrecorded-copy-and-another-run", "copied-over-another-run"])
 def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, capsys):
     out = tmp_path / "out" / "page.html"
     argv = ["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]
@@ -298,7 +299,8 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
     elif case == "interrupted-run":
         interrupted = tmp_path / "interrupted"
         _checkpoint(interrupted, 4, tiny_causal())
-        argv[2], expected = str(interrupted), "and no tokenizer: the run reads its tokenizer from elsewhere (--tokenizer)"
+        argv[2] = str(interrupted)
+        expected = "and no tokenizer: the run reads its tokenizer from elsewhere (--tokenizer)"
     elif case == "interrupted-run-without-weights":
         interrupted = tmp_path / "interrupted"
         (_checkpoint(interrupted, 4, tiny_causal()) / "pytorch_model.bin").unlink()
@@ -309,7 +311,8 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
     elif case == "nan-checkpoint":
         poison_weight(causal_run / "checkpoint-20" / "model.safetensors", "model.decoder.layers.0.mlp.fc1.weight")
         argv += ["--run", str(causal_run)]
-        expected = "checkpoint-20/model.safetensors holds 1 non-finite value(s) (NaN or inf) in model.decoder.layers.0.mlp.fc1"
+        expected = ("checkpoint-20/model.safetensors holds 1 non-finite value(s) (NaN or inf) "
+                    "in model.decoder.layers.0.mlp.fc1")
     elif case == "target-for-decoder-only":
         argv += ["--target", "5 6"]
         expected = "--target is for encoder-decoder models"
@@ -339,9 +342,9 @@ def test_a_page_another_process_writes_is_refused_and_kept(causal_run, tmp_path,
     lock = tmp_path / f".page.html{LOCK_FILE}"
     with another_writer(lock, pid=4242, host="box", command="explore"):
         assert minitx(["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]) == 2
-    assert capsys.readouterr().err == (f"error: --out {out} is being written by `minitx explore` (pid 4242 on box, lock "
-                                       f".page.html{LOCK_FILE}); wait for it to finish or stop it, or choose another "
-                                       "--out\n")
+    assert capsys.readouterr().err == (f"error: --out {out} is being written by `minitx explore` (pid 4242 on box, "
+                                       f"lock .page.html{LOCK_FILE}); wait for it to finish or stop it, or choose "
+                                       "another --out\n")
     assert "the first page" in out.read_text()
     lock.unlink()
     assert minitx(["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]) == 0
