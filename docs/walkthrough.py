@@ -113,7 +113,8 @@ def split(t: torch.Tensor) -> torch.Tensor:
     return t.view(1, 5, 4, 4).transpose(1, 2)  # (batch, heads, seq, head_dim)
 
 
-manual, _ = scaled_dot_product_attention(split(attention.q_proj(x)), split(attention.k_proj(x)), split(attention.v_proj(x)))
+manual, _ = scaled_dot_product_attention(split(attention.q_proj(x)), split(attention.k_proj(x)),
+                                         split(attention.v_proj(x)))
 manual = attention.o_proj(manual.transpose(1, 2).reshape(1, 5, 16))
 print("by hand == module:", torch.allclose(manual, out, atol=1e-6))
 print("what position 0 looks at, head by head:\n", heads[0, :, 0])
@@ -132,7 +133,8 @@ source = torch.randn(1, 6, 16)
 target = torch.randn(1, 4, 16)
 encoded, encoder_weights = encoder_layer(source)
 decoded, self_weights, cross_weights = decoder_layer(target, causal_mask(4, 4), None, encoded, None)
-print("encoder layer:", tuple(source.shape), "->", tuple(encoded.shape), "· self-attention", tuple(encoder_weights.shape))
+print("encoder layer:", tuple(source.shape), "->", tuple(encoded.shape),
+      "· self-attention", tuple(encoder_weights.shape))
 print("decoder layer:", tuple(target.shape), "->", tuple(decoded.shape), "· self", tuple(self_weights.shape),
       "· cross", tuple(cross_weights.shape))
 print("decoder self-attention of head 0 (causal: zeros above the diagonal):\n", self_weights[0, 0])

@@ -122,7 +122,8 @@ def load_model_folder(
     folder = Path(model_dir)
     config = read_folder_config(folder)
     if not (folder / WEIGHTS_FILE).is_file():
-        raise FileNotFoundError(f"{folder} has no {WEIGHTS_FILE}; pass a folder written by minitx train or save_pretrained")
+        raise FileNotFoundError(f"{folder} has no {WEIGHTS_FILE}; "
+                                "pass a folder written by minitx train or save_pretrained")
     read_safetensors_header(folder / WEIGHTS_FILE)  # a truncated or corrupt file is named here
     has_tokenizer = any((folder / name).is_file() for name in TOKENIZER_FILES)
     if need_tokenizer and not has_tokenizer:
@@ -195,8 +196,9 @@ def check_fits_positions(model: PreTrainedModel, used: int, max_new_tokens: int 
         fit = limit - used
     elif new <= fit:
         return
-    raise ValueError(f"max_new_tokens={new} does not fit: the model has {limit} positions ({config.position_embedding_type}) "
-                     f"and the prompt takes {used}, so at most {max(fit, 0)} new tokens fit"
+    raise ValueError(f"max_new_tokens={new} does not fit: the model has {limit} positions "
+                     f"({config.position_embedding_type}) and the prompt takes {used}, "
+                     f"so at most {max(fit, 0)} new tokens fit"
                      + ("; shorten the prompt" if fit < 1 else f"; pass --max_new_tokens {fit} or less"))
 
 
@@ -222,15 +224,16 @@ def generate_texts(
     outputs: list[str] = []
     for start in range(0, len(sources), batch_size):
         chunk = list(sources[start : start + batch_size])
-        encoded = tokenizer(chunk, return_tensors="pt", padding=True, split_special_tokens=True, **truncation).to(device)
+        encoded = tokenizer(chunk, return_tensors="pt", padding=True, split_special_tokens=True,
+                            **truncation).to(device)
         generated = model.generate(**encoded, **generate_kwargs)  # (batch, new tokens)
         outputs.extend(text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True))
     return outputs
 
 
 def _continue_prompts(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], *, refuse_past_training: bool = False,
-    **generate_kwargs: Any,
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], *,
+    refuse_past_training: bool = False, **generate_kwargs: Any,
 ) -> list[str]:
     """New text of a decoder-only model after each prompt (left-padded batch, prompt tokens removed)."""
     device = next(model.parameters()).device

@@ -63,7 +63,8 @@ def read_folder_config(folder: Path) -> dict:
     check_model_path(folder)
     if not path.is_file():
         refuse_interrupted_run(folder)
-        raise FileNotFoundError(f"{folder} is not a model folder (no config.json); pass the --output_dir of a training run")
+        raise FileNotFoundError(f"{folder} is not a model folder (no config.json); "
+                                "pass the --output_dir of a training run")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError) as error:
@@ -108,7 +109,8 @@ def read_safetensors_header(path: str | Path) -> dict:
             begin, end = (int(x) for x in entry["data_offsets"])
             numel = math.prod(int(d) for d in entry["shape"])
         except (KeyError, TypeError, ValueError):
-            raise ModelFolderError(f"{path} is corrupted: the header entry of tensor {name!r} is malformed. {fix}") from None
+            raise ModelFolderError(
+                f"{path} is corrupted: the header entry of tensor {name!r} is malformed. {fix}") from None
         if end - begin != numel * itemsize or begin < 0:
             raise ModelFolderError(
                 f"{path} is corrupted: tensor {name!r} of shape {entry['shape']} ({entry['dtype']}) spans "

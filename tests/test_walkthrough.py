@@ -26,7 +26,8 @@ def _sources(notebook) -> list[tuple[str, str]]:
 def test_the_notebook_is_built_from_its_source():
     built = jupytext.read(SOURCE)
     assert _sources(nbformat.read(NOTEBOOK, as_version=4)) == _sources(built), (
-        "docs/walkthrough.ipynb differs from docs/walkthrough.py; rebuild it: jupytext --to ipynb --update docs/walkthrough.py")
+        "docs/walkthrough.ipynb differs from docs/walkthrough.py; "
+        "rebuild it: jupytext --to ipynb --update docs/walkthrough.py")
 
 
 def _printed(notebook) -> str:
@@ -95,4 +96,5 @@ def test_the_walkthrough_runs_and_learns_the_copy_task(tmp_path):
     assert not list(tmp_path.glob("minitx-walkthrough-*")), "the walkthrough's folder outlives its kernel"
     assert not list(DOCS.glob("*.html")), "the walkthrough writes into a temporary folder, not docs/"
     assert _cell_outputs(notebook) == saved, (
-        "docs/walkthrough.ipynb shows outputs that this run does not print: run it again (Restart & Run All) and save it")
+        "docs/walkthrough.ipynb shows outputs that this run does not print: "
+        "run it again (Restart & Run All) and save it")

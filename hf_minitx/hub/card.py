@@ -167,8 +167,9 @@ def _budget_rows(summary: dict) -> list[tuple[str, str]]:
         ended = "the plan ran to its end" if budget.get("ended_by") == "plan" else "the clock stopped it first"
         planned_for = (f" (planned for {budget['planned_for_minutes']:g} min before a resume)"
                        if budget.get("planned_for_minutes") else "")
-        rows.append(("Time budget", f"{budget['budget_minutes']:g} min: {budget['planned_steps']:,} steps planned{planned_for} after a "
-                     f"{budget['probe_steps']}-step timed probe; {budget['steps_run']:,} ran ({ended})"))
+        rows.append(("Time budget", f"{budget['budget_minutes']:g} min: {budget['planned_steps']:,} steps planned"
+                     f"{planned_for} after a {budget['probe_steps']}-step timed probe; "
+                     f"{budget['steps_run']:,} ran ({ended})"))
     if summary.get("epochs") is not None:
         rows.append(("Passes over the training data", f"{float(summary['epochs']):.2f}"))
     kept = summary.get("kept") or {}
@@ -194,12 +195,13 @@ def _recipe_rows(recipe: dict, steps: int | None = None) -> list[tuple[str, str]
     if recipe.get("optimizer"):
         rows.append(("Optimizer", f"`{recipe['optimizer']}`"))
     for group in recipe.get("parameter_groups") or []:
-        rows.append((f"Group `{group['name']}`", f"{group['optimizer']}, peak lr {group['learning_rate']:g}, weight decay "
-                     f"{group['weight_decay']:g}{_momentum_text(group)}, {group['tensors']} tensors, "
+        rows.append((f"Group `{group['name']}`", f"{group['optimizer']}, peak lr {group['learning_rate']:g}, "
+                     f"weight decay {group['weight_decay']:g}{_momentum_text(group)}, {group['tensors']} tensors, "
                      f"{int(group['parameters']):,} parameters"))
     schedule = recipe.get("schedule") or {}
     if schedule.get("unplanned"):
-        rows.append(("Schedule", f"`{schedule['type']}`, {schedule['warmup_steps']} warmup steps; {schedule['unplanned']}"))
+        rows.append(("Schedule", f"`{schedule['type']}`, {schedule['warmup_steps']} warmup steps; "
+                                 f"{schedule['unplanned']}"))
     elif schedule:
         text = f"`{schedule['type']}`, {schedule['warmup_steps']} warmup steps, {schedule['total_steps']:,} steps"
         if "decay_steps" in schedule:
@@ -211,8 +213,9 @@ def _recipe_rows(recipe: dict, steps: int | None = None) -> list[tuple[str, str]
                      f"{change['total_steps_before']:,} (a resume)")
         rows.append(("Schedule", text))
     if recipe.get("global_batch_size"):
-        rows.append(("Batch", f"{recipe['global_batch_size']} rows per optimizer step ({recipe.get('per_device_train_batch_size')}"
-                     f" per process x {recipe.get('gradient_accumulation_steps', 1)} accumulation)"))
+        rows.append(("Batch", f"{recipe['global_batch_size']} rows per optimizer step "
+                     f"({recipe.get('per_device_train_batch_size')} per process x "
+                     f"{recipe.get('gradient_accumulation_steps', 1)} accumulation)"))
     for key, name in (("block_size", "Block size"), ("max_source_length", "Source length"),
                       ("max_target_length", "Target length")):
         if recipe.get(key):
@@ -413,7 +416,8 @@ def render_model_card(
 
 
 def write_model_card(model_dir: str | Path, **kwargs) -> Path:
-    """Render the card (see `render_model_card`) and write it as `model_dir/README.md` (atomically); returns the path."""
+    """Render the card (see `render_model_card`) and write it as `model_dir/README.md` (atomically); returns the
+    path."""
     text = render_model_card(model_dir, **kwargs)
     check_model_card(text)
     return write_file(Path(model_dir) / CARD_FILE, lambda tmp: tmp.write_text(text, encoding="utf-8"))
@@ -432,7 +436,8 @@ def check_model_card(text: str) -> ModelCard:
     if data.get("library_name") != "transformers":
         problems.append(f"library_name is {data.get('library_name')!r}, expected 'transformers'")
     if data.get("pipeline_tag") not in PIPELINE_TAGS.values():
-        problems.append(f"pipeline_tag is {data.get('pipeline_tag')!r}, expected one of {sorted(PIPELINE_TAGS.values())}")
+        problems.append(f"pipeline_tag is {data.get('pipeline_tag')!r}, "
+                        f"expected one of {sorted(PIPELINE_TAGS.values())}")
     missing_tags = [tag for tag in REQUIRED_TAGS if tag not in (data.get("tags") or [])]
     if missing_tags:
         problems.append(f"tags lack {missing_tags}")

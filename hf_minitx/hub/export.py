@@ -73,7 +73,8 @@ def mapping_problems(config: PretrainedConfig, target: str, skip: Iterable[str] 
     if target not in STOCK_TARGETS:
         raise ValueError(f"--to {target!r} is not a stock architecture; choose one of {', '.join(STOCK_TARGETS)}")
     if config.is_encoder_decoder:
-        return [f"is_encoder_decoder true: {NAMES[target]} is decoder-only; export a model trained with --task causal-lm"]
+        return [f"is_encoder_decoder true: {NAMES[target]} is decoder-only; "
+                "export a model trained with --task causal-lm"]
     return [f"{key} {str(value).lower() if isinstance(value, bool) else value}: {how}"
             for key, value, how in _field_problems(config, target) if key not in set(skip)]
 
@@ -281,7 +282,8 @@ def refuse_quantized(model: PreTrainedModel, source: str) -> None:
     """An export writes full-precision weights: a folder of quantized weights is refused, naming its method."""
     quantized = getattr(model.config, "quantization_config", None)
     if quantized is not None:
-        method = quantized.get("quant_method") if isinstance(quantized, dict) else getattr(quantized, "quant_method", "")
+        method = (quantized.get("quant_method") if isinstance(quantized, dict)
+                  else getattr(quantized, "quant_method", ""))
         method = getattr(method, "value", method)  # transformers' QuantizationMethod enum, or its string
         raise ExportRefused(f"{source} holds quantized weights ({method}): an export writes full-precision "
                             "weights; export the folder the quantized model was made from (a GGUF export can be "

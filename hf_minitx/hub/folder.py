@@ -120,7 +120,8 @@ def _check_weights(folder: Path, config: dict, kind: str, problems: list[str]) -
         shards = [WEIGHTS_FILE]
         files = (WEIGHTS_FILE,)
     else:
-        extra = " (found pytorch_model.bin: re-save with safe_serialization)" if (folder / "pytorch_model.bin").exists() else ""
+        extra = (" (found pytorch_model.bin: re-save with safe_serialization)"
+                 if (folder / "pytorch_model.bin").exists() else "")
         problems.append(f"{WEIGHTS_FILE}: missing, so there are no weights to load{extra}.")
         return (), 0
     header: dict = {}

@@ -87,7 +87,8 @@ def _add_tokenizer(writer, tokenizer: PreTrainedTokenizerBase) -> None:
     writer.add_tokenizer_pre("gpt2")  # GPT-2's split pattern, the one the tokenizer's ByteLevel step uses
     writer.add_token_list(tokens)
     writer.add_token_merges([" ".join(pair) if isinstance(pair, list) else pair for pair in model["merges"]])
-    writer.add_token_types([TokenType.CONTROL if index in special else TokenType.NORMAL for index in range(len(tokens))])
+    writer.add_token_types([TokenType.CONTROL if index in special else TokenType.NORMAL
+                            for index in range(len(tokens))])
     for name in ("bos", "eos", "unk", "pad"):
         token_id = getattr(tokenizer, f"{name}_token_id")
         if token_id is not None:

@@ -120,8 +120,9 @@ def stage_for_upload(
     `explorer` is a page written by `minitx explore`: it is shared as `explore.html` and the card links it.
 
     Checks the folder first (`verify_model_folder`, then a load that refuses weights which do not match the
-    config, so a broken folder is named as such rather than blamed on the remote-code check); `staging_dir` must be absent or empty. The card
-    is rendered afresh, with `repo_id` in its usage snippets. Returns the staging folder.
+    config, so a broken folder is named as such rather than blamed on the remote-code check); `staging_dir` must
+    be absent or empty. The card is rendered afresh, with `repo_id` in its usage snippets. Returns the staging
+    folder.
     """
     from ..inference import load_model_folder
 

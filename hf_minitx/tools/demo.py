@@ -1,5 +1,5 @@
-"""``minitx demo`` (``make demo`` in a checkout): train a tokenizer-backed decoder-only model on the King James Bible and an
-encoder-decoder that translates English number words to French, offline, then reload both through
+"""``minitx demo`` (``make demo`` in a checkout): train a tokenizer-backed decoder-only model on the King James Bible
+and an encoder-decoder that translates English number words to French, offline, then reload both through
 the Auto classes and generate.
 
 The two trainings run side by side, one CPU thread each (on a 2-core machine two single-threaded jobs

@@ -27,7 +27,8 @@ def encode_text(text: str, tokenizer: Any | None, config: Any) -> list[int]:
     """Token ids of `text`: through the tokenizer, or whitespace-separated integers without one."""
     if not text or not text.strip():
         raise ValueError("The text to inspect is empty; pass some words (or token ids for a model without tokenizer).")
-    text = next(checked_texts([text], "the text to inspect", option="--text"))  # bytes the shell could not decode are named
+    # bytes the shell could not decode are named
+    text = next(checked_texts([text], "the text to inspect", option="--text"))
     if tokenizer is not None:
         # the caller checks length; a "<eos>" written in the text is text, as in training
         ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]

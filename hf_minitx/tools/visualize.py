@@ -234,7 +234,8 @@ def plot_positions(
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
     ax = axes[0, 0]
     im = ax.imshow(table, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
-    ax.set(title=f"Sinusoidal encoding PE[pos, i]\n(dim={dim}, {length} positions)", xlabel="dimension i", ylabel="position")
+    ax.set(title=f"Sinusoidal encoding PE[pos, i]\n(dim={dim}, {length} positions)", xlabel="dimension i",
+           ylabel="position")
     fig.colorbar(im, ax=ax, label="value")
 
     ax = axes[0, 1]

@@ -42,7 +42,8 @@ def repo_tokenizer():
 
 
 def test_special_tokens_have_fixed_ids(tokenizer):
-    assert [tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id] == [0, 1, 2, 3]
+    special = [tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id]
+    assert special == [0, 1, 2, 3]
     assert tokenizer.convert_ids_to_tokens([0, 1, 2, 3]) == ["<pad>", "<bos>", "<eos>", "<unk>"]
     assert tokenizer.padding_side == "left" and tokenizer.model_max_length == 1024
     assert len(tokenizer) == 320

@@ -1,5 +1,5 @@
-"""The architecture options: RMSNorm, ReLU² and SwiGLU, QK-norm, zero-initialised projections and untied head, a logit soft
-cap. Each one's behaviour, its seam, its config errors, generation parity and the clean-environment round trip.
+"""The architecture options: RMSNorm, ReLU² and SwiGLU, QK-norm, zero-initialised projections and untied head, a logit
+soft cap. Each one's behaviour, its seam, its config errors, generation parity and the clean-environment round trip.
 (Forward parity, eager == sdpa, padded == alone, cached == full, runs on them in test_modeling.py; the
 common contracts in test_contracts.py.)"""
 
@@ -38,7 +38,8 @@ def test_each_registry_holds_exactly_the_configs_choices():
 
 
 def test_defaults_build_the_same_parameters_as_before():
-    """The defaults add no parameter (no q_norm/k_norm/gate_proj) and keep LayerNorm, so old folders load as they were."""
+    """The defaults add no parameter (no q_norm/k_norm/gate_proj) and keep LayerNorm, so old folders load as they
+    were."""
     names = set(tiny_causal().state_dict())
     assert not {n for n in names if any(part in n for part in ("q_norm", "k_norm", "gate_proj"))}
     assert "lm_head.weight" in names and "model.decoder.norm.bias" in names
@@ -254,12 +255,14 @@ def test_softcap_bounds_the_logits_by_the_cap(kind, make):
     torch.testing.assert_close(logits[small], raw["logits"][small], atol=1e-4, rtol=1e-3)  # near 0: unchanged
 
 
-@pytest.mark.parametrize("options", [ALL_OPTIONS, dict(ALL_OPTIONS, hidden_act="relu2", position_embedding_type="rope")],
+@pytest.mark.parametrize("options", [ALL_OPTIONS,
+                                     dict(ALL_OPTIONS, hidden_act="relu2", position_embedding_type="rope")],
                          ids=["swiglu-learned", "relu2-rope"])
 def test_cached_and_uncached_generation_agree_with_every_option(options):
     for model in (tiny_causal(**options), tiny_seq2seq(**options)):
         ids = random_ids(2, 6)
-        assert torch.equal(model.generate(ids, use_cache=True, **GREEDY), model.generate(ids, use_cache=False, **GREEDY))
+        assert torch.equal(model.generate(ids, use_cache=True, **GREEDY),
+                           model.generate(ids, use_cache=False, **GREEDY))
 
 
 def test_left_padded_generation_equals_each_prompt_alone_with_every_option():

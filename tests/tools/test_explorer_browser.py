@@ -36,7 +36,8 @@ WORDS = "the quick brown fox jumps over a lazy dog while seven small birds sing 
 
 
 def train_demo_recipe(run: Path) -> None:
-    """The demo's KJV run (its recipe, tokenizer and corpus), shortened to 12 steps with 3 checkpoints (under a minute)."""
+    """The demo's KJV run (its recipe, tokenizer and corpus), shortened to 12 steps with 3 checkpoints (under a
+    minute)."""
     from hf_minitx.cli import main as minitx
     from hf_minitx.tools.demo import RECIPES
 
@@ -135,7 +136,8 @@ def test_click_and_slider_redraw_what_that_token_and_checkpoint_show(page, brows
     last = len(data["snapshots"]) - 1
     assert last >= 2, "the run should give several checkpoints"
     browser.get(page.as_uri())
-    weights = lambda: [float(e.get_attribute("data-weight")) for e in browser.find_elements(By.CSS_SELECTOR, "#focus .tok")]  # noqa: E731
+    weights = lambda: [  # noqa: E731
+        float(e.get_attribute("data-weight")) for e in browser.find_elements(By.CSS_SELECTOR, "#focus .tok")]
     picture = lambda: browser.execute_script(  # noqa: E731
         "return [...document.querySelectorAll('#grid canvas')].map(c => c.toDataURL()).join()")
     top = lambda: [int(e.get_attribute("data-id")) for e in browser.find_elements(By.CSS_SELECTOR, "#topk li")]  # noqa: E731
@@ -220,7 +222,8 @@ def test_seq2seq_page_shows_encoder_decoder_and_cross_attention(browser, tmp_pat
     kind.select_by_value("decoder")
     assert len(focus()) == 4  # the decoder start + 3 targets
     kind.select_by_value("cross")
-    assert len(focus()) == 6 and browser.find_element(By.CSS_SELECTOR, "#grid canvas").get_attribute("width") == str(6 * 25)
+    assert len(focus()) == 6
+    assert browser.find_element(By.CSS_SELECTOR, "#grid canvas").get_attribute("width") == str(6 * 25)
     browser.find_element(By.CSS_SELECTOR, '#tokens .tok[data-side="src"][data-pos="2"]').click()
     assert kind.first_selected_option.get_attribute("value") == "encoder"  # a source token asks the encoder
     assert not [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]

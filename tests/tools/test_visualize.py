@@ -41,7 +41,8 @@ def causal_model():
 @pytest.fixture
 def seq2seq_model():
     torch.manual_seed(0)
-    return MiniTxForConditionalGeneration(tiny_config(vocab_size=32, num_attention_heads=2, is_encoder_decoder=True)).eval()
+    config = tiny_config(vocab_size=32, num_attention_heads=2, is_encoder_decoder=True)
+    return MiniTxForConditionalGeneration(config).eval()
 
 
 # --- attention -----------------------------------------------------------------------------------
