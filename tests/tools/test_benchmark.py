@@ -154,7 +154,7 @@ def test_interleaving_rotates_the_order():
 
 def test_memory_probes_import_the_package_they_are_part_of():
     # each probe runs in a fresh interpreter, with the folder that holds hf_minitx first on its path
-    assert (PACKAGE_ROOT / "hf_minitx" / "__init__.py").samefile(Path(hf_minitx.__file__))
+    assert (Path(PACKAGE_ROOT) / "hf_minitx" / "__init__.py").samefile(Path(hf_minitx.__file__))
 
 
 def test_bad_shape_is_rejected_before_work():

@@ -10,15 +10,17 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict
-from pathlib import Path
 
 import torch
+
+import hf_minitx
 
 from .models import BenchmarkShape
 from .speed import training_step
 
-# The folder that holds the hf_minitx package, put first on the probes' path: they import this very checkout.
-PACKAGE_ROOT = Path(__file__).resolve().parents[3]
+# The folder that holds the hf_minitx package (a checkout or site-packages), put first on the probes' path: they
+# import this very copy of the package.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(hf_minitx.__file__)))
 MEMORY_IMPLEMENTATIONS = ("gpt2", "minitx-sdpa", "minitx-eager", "bart", "torch-transformer", "minitx-seq2seq")
 
 
@@ -89,7 +91,7 @@ def measure_memory(shape: BenchmarkShape, threads: int, device: str = "cpu",
             f"print(json.dumps(memory_probe({name!r}, BenchmarkShape(**{asdict(shape)!r}), device={device!r})))"
         )
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        env["PYTHONPATH"] = str(PACKAGE_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = PACKAGE_ROOT + os.pathsep + env.get("PYTHONPATH", "")
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"memory probe of {name} failed:\n{done.stderr[-2000:]}")
