@@ -5,6 +5,7 @@ imports); CUDA: `max_memory_allocated`.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -13,14 +14,12 @@ from dataclasses import asdict
 
 import torch
 
-import hf_minitx
-
 from .models import BenchmarkShape
 from .speed import training_step
 
 # The folder that holds the hf_minitx package (a checkout or site-packages), put first on the probes' path: they
 # import this very copy of the package.
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(hf_minitx.__file__)))
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(importlib.util.find_spec("hf_minitx").origin))
 MEMORY_IMPLEMENTATIONS = ("gpt2", "minitx-sdpa", "minitx-eager", "bart", "torch-transformer", "minitx-seq2seq")
 
 
