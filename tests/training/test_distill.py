@@ -174,3 +174,27 @@ def test_out_of_range_weights_and_temperatures_are_refused(text_file, teacher_fo
     with pytest.raises(ValueError, match=f"{flag} {message}"):
         main(distilled_args(text_file, teacher_folder, tmp_path / "x", flag, value, "--max_steps", "1"))
     assert not (tmp_path / "x").exists()
+
+
+def test_seq2seq_distils_over_the_target_positions_the_cross_entropy_scores():
+    """The teacher reads what the student reads (the decoder input built from the labels); no shift."""
+    from hf_minitx import MiniTxForConditionalGeneration
+
+    config = tiny_config(is_encoder_decoder=True, decoder_start_token_id=1, pad_token_id=0)
+    torch.manual_seed(0)
+    student = MiniTxForConditionalGeneration(config)
+    teacher = copy.deepcopy(student).eval()
+    teacher.get_output_embeddings().weight.data.mul_(30)
+    objective = Objective.for_seq2seq(config)
+    batch = a_batch()
+    inputs = objective.model_inputs(batch)
+    logits = student(**inputs).logits
+    term = Distillation(teacher, 0.5, 2.0).summed_loss(inputs, logits, batch["labels"], objective.shift)
+    with torch.no_grad():
+        keep = batch["labels"] != IGNORE_INDEX
+        p_t = torch.softmax(teacher(**inputs).logits[keep].double() / 2.0, -1)
+        log_p_s = torch.log_softmax(logits[keep].double() / 2.0, -1)
+    assert term.item() == pytest.approx(float(0.5 * 4.0 * (p_t * (p_t.log() - log_p_s)).sum()), rel=1e-5)
+    term.backward()
+    assert student.get_output_embeddings().weight.grad is not None
+    assert all(p.grad is None for p in teacher.parameters())
