@@ -4,6 +4,8 @@ its usual cross-entropy plus ``alpha * T^2 * KL(teacher_T || student_T)``, the d
 The teacher is checked before anything is written (a model folder of the same kind, with the run's tokenizer),
 recorded by the digest of its weights (a resumed run with another teacher is refused by the run identity) and
 loaded frozen, on the student's device and dtype; its forward runs without gradients inside each step.
+The train records' loss is the whole objective (cross-entropy + the KL term); evaluations score the cross-entropy
+alone, so eval figures compare with those of runs trained without a teacher.
 """
 
 from __future__ import annotations
