@@ -156,6 +156,11 @@ def _training_rows(summary: dict) -> list[tuple[str, str]]:
         rows.append(("Mixed precision", "none (fp32)" if precision == "no" else precision))
     if summary.get("seed") is not None:
         rows.append(("Seed", str(summary["seed"])))
+    teacher = summary.get("distilled_from")
+    if isinstance(teacher, dict):
+        rows.append(("Distilled from", f"`{_sanitize(str(teacher.get('path')))}` (weights sha256 "
+                     f"{str(teacher.get('weights_digest'))[:12]}): KL weight {teacher.get('weight')} at "
+                     f"temperature {teacher.get('temperature')}"))
     return rows + _recipe_rows(summary.get("recipe") or {}, summary.get("steps"))
 
 

@@ -211,6 +211,16 @@ class TrainArguments:
     late_dropout_passes: float = field(
         default=2.0, metadata={"help": "Passes over the training data after which --late_dropout starts."}
     )
+    distill_from: str | None = field(
+        default=None, metadata={"help": "Folder of a finished model with this run's tokenizer (the teacher): the "
+                                        "loss adds --distill_weight x T^2 x KL(teacher || model) at temperature T."}
+    )
+    distill_weight: float = field(
+        default=0.45, metadata={"help": "--distill_from: weight (alpha >= 0) of the KL term beside the cross-entropy."}
+    )
+    distill_temperature: float = field(
+        default=1.2, metadata={"help": "--distill_from: temperature T > 0 both distributions are softened by."}
+    )
     max_steps: int | None = field(default=None, metadata={"help": "Optimizer steps to train (overrides num_epochs)."})
     num_epochs: float | None = field(
         default=None, metadata={"help": "Epochs to train when max_steps is unset (default 1; with --max_minutes, "

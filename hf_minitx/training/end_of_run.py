@@ -71,6 +71,7 @@ def train_summary(plan: RunPlan, run: TrainingRun, state: RunState, outcome: Fit
         "hub_dataset": is_hub_dataset(data_args.dataset), **run_summary(run, state, outcome),
         "evaluation": run.evaluation.coverage,
         "preset": model_args.preset, "seed": train_args.seed, "config_overrides": model_args.config_overrides,
+        **({"distilled_from": plan.teacher} if plan.teacher else {}),
         **({"bad_bytes_replaced": dict(REPLACED_BYTES), "rows_without_text_skipped": dict(SKIPPED_ROWS)}
            if data_args.skip_bad_rows else {}),
     }

@@ -212,6 +212,7 @@ def train_step(
 ) -> tuple[float, float]:
     """One optimizer step on a window of micro-batches; returns (mean loss per label token, learning rate).
 
+    The loss is the cross-entropy, plus the teacher's KL term with ``--distill_from`` (``distill.py``).
     Each micro-batch's summed loss is divided by the window's global token count; backward divides by the
     accumulation steps and DDP averages over processes, so both factors are put back here.
     """
@@ -220,8 +221,12 @@ def train_step(
     window_nats = torch.zeros((), dtype=torch.float64, device=accelerator.device)
     for batch in window:
         with accelerator.accumulate(model):
-            logits = model(**objective.model_inputs(batch)).logits  # (batch, seq, vocab)
+            inputs = objective.model_inputs(batch)
+            logits = model(**inputs).logits  # (batch, seq, vocab)
             summed = objective.summed_loss(logits, batch["labels"])
+            if run.distillation is not None:  # the teacher runs in the step's precision, without gradients
+                with accelerator.autocast():
+                    summed = summed + run.distillation.summed_loss(inputs, logits, batch["labels"], objective.shift)
             accelerator.backward(summed * scale)
         window_nats += summed.detach().double()
     loss = accelerator.reduce(window_nats, "sum").item() / max(label_tokens, 1)

@@ -3,7 +3,8 @@ the real token count of a whole accumulation window (across micro-batches and pr
 averaging per micro-batch means.
 
 ``token_cross_entropy`` is the trainer's one cross-entropy; the heads use transformers'
-``self.loss_function`` (tests check they agree). ``Objective`` says how a task lines labels up with logits
+``self.loss_function`` (tests check they agree). ``summed_kl_divergence`` is the distillation term beside it
+(``--distill_from``), summed over the same labelled positions. ``Objective`` says how a task lines labels up with logits
 and what the model is called with.
 """
 
@@ -67,6 +68,23 @@ def sequence_cross_entropy(
     logits, labels = align_labels(logits, labels, shift)
     losses = token_cross_entropy(logits, labels, label_smoothing, reduction="none")  # (batch, seq)
     return losses.sum(dim=1), (labels != IGNORE_INDEX).sum(dim=1)
+
+
+def summed_kl_divergence(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, *, shift: bool,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """KL(teacher_T || student_T) summed over the labelled positions (those ``sequence_cross_entropy`` scores):
+    a scalar, so that the trainer normalises it by the window's label tokens as it does the cross-entropy.
+
+    student_logits and teacher_logits (batch, seq, vocab), labels (batch, seq); both distributions are the
+    softmax of logits / ``temperature``. Only labelled rows are softened, so padding costs nothing.
+    """
+    student_logits, labels = align_labels(student_logits, labels, shift)
+    labelled = labels != IGNORE_INDEX  # (batch, seq)
+    student = torch.log_softmax(student_logits[labelled].float() / temperature, dim=-1)  # (labelled, vocab)
+    teacher = torch.log_softmax(teacher_logits[labelled].float() / temperature, dim=-1)  # (labelled, vocab)
+    return nn.functional.kl_div(student, teacher, reduction="sum", log_target=True)
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,11 @@ from .checkpoints import (
     read_run_state,
     resolve_checkpoint,
 )
+from .distill import check_distill_arguments, teacher_identity, teacher_record
 from .loss import Objective
 from .outputs import SUMMARY_FILE
 
+DISTILLATION = "distillation"  # run identity key: the teacher's weights digest, alpha and T (None: no teacher)
 TOKENIZER_IDS = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 
 
@@ -74,7 +76,13 @@ class RunPlan:
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must share with the run that resumes it, the local input files' fingerprints too."""
         return {**run_identity(self.settings, self.data_args, self.train_args.seed),
-                INPUT_FILES: fingerprint_inputs(self.data_args), RECIPE: optimizer_recipe(self.train_args)}
+                INPUT_FILES: fingerprint_inputs(self.data_args), RECIPE: optimizer_recipe(self.train_args),
+                DISTILLATION: teacher_identity(self.teacher)}
+
+    @cached_property
+    def teacher(self) -> dict[str, Any] | None:
+        """--distill_from: the teacher's path and weights digest, alpha and T (read once: the digest hashes it)."""
+        return teacher_record(self.train_args)
 
 
 class AlreadyComplete(Exception):
@@ -94,6 +102,7 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     check_training_arguments(train_args)
     check_data_arguments(config, data_args)
     check_streaming_arguments(data_args, train_args)
+    check_distill_arguments(train_args, data_args.task)
     plan = RunPlan(
         model_args, data_args, train_args, settings, config,
         objective=Objective.for_task(data_args.task, train_args.label_smoothing, config),
@@ -214,6 +223,8 @@ def run_inputs(model_args: ModelArguments, data_args: DataArguments,
         inputs.append(("--preset", Path(model_args.preset)))
     if train_args.arguments_file:
         inputs.append(("arguments file", Path(train_args.arguments_file)))
+    if train_args.distill_from:
+        inputs.append(("--distill_from", Path(train_args.distill_from)))
     return inputs
 
 

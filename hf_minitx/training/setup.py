@@ -28,6 +28,7 @@ from .best import BestWeights
 from .budget import every
 from .checkpoints import check_checkpoint_fits
 from .data_order import StepIndexedBatchSampler
+from .distill import check_teacher_vocabulary, load_distillation
 from .evaluation import TextEvaluation
 from .optim import build_optimizer, build_scheduler, describe_schedule, relay_schedule, warmup_cut_warning
 from .outputs import truncate_metrics
@@ -50,11 +51,14 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
     with accelerator.main_process_first():
         corpus = load_training_corpus(plan)
     tokenizer = get_tokenizer(plan, corpus, accelerator)
+    if train_args.distill_from:  # before the run folder is claimed: a teacher of another vocabulary writes nothing
+        check_teacher_vocabulary(train_args.distill_from, tokenizer)
     with accelerator.main_process_first():
         data = prepare_data(corpus, tokenizer, plan)
 
     set_seed(train_args.seed)
     model = build_model(plan.config, tokenizer)
+    distillation = load_distillation(train_args, model, accelerator.device)
     optimizer = build_optimizer(model, train_args)
     batches_per_epoch = None if plan.data_args.streaming else StepIndexedBatchSampler(
         len(data.train), train_args.per_device_train_batch_size, num_processes=accelerator.num_processes,
@@ -105,7 +109,7 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
                           "global_batch_size": train_args.per_device_train_batch_size * accelerator.num_processes * k},
                       stream=stream, recipe=training_recipe(plan, total_steps, accelerator.num_processes),
                       budget=budget, schedule_args=train_args,
-                      best=best if train_args.load_best_model_at_end else None)
+                      best=best if train_args.load_best_model_at_end else None, distillation=distillation)
     if changes:
         run.recipe["schedule"][SCHEDULE_CHANGES] = changes
     if settings.late_dropout is not None:

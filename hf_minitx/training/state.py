@@ -20,6 +20,7 @@ from torch import nn
 from ..data.streaming import PackedBlockStream
 from .best import BestWeights
 from .budget import TimeBudget
+from .distill import Distillation
 from .loss import Objective
 
 
@@ -86,6 +87,7 @@ class TrainingRun:
     budget: TimeBudget | None = None  # --max_minutes: the plan in steps, fixed after a probe
     schedule_args: Any = None  # what the schedule is built from (re-laid once a time budget's plan is fixed)
     best: BestWeights | None = None  # --load_best_model_at_end: the best evaluation's weights
+    distillation: Distillation | None = None  # --distill_from: the frozen teacher whose KL joins the loss
 
 
 @dataclass
