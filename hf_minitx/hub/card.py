@@ -137,6 +137,7 @@ def _training_rows(summary: dict) -> list[tuple[str, str]]:
     rows = []
     if summary.get("preset"):
         rows.append(("Preset", f"`{summary['preset']}`"))
+    rows += _shape_plan_rows(summary.get("shape_plan"))
     if summary.get("steps") is not None:
         rows.append(("Optimizer steps", f"{int(summary['steps']):,}"))
     if summary.get("tokens_seen") is not None:
@@ -162,6 +163,15 @@ def _training_rows(summary: dict) -> list[tuple[str, str]]:
                      f"{str(teacher.get('weights_digest'))[:12]}): KL weight {teacher.get('weight')} at "
                      f"temperature {teacher.get('temperature')}"))
     return rows + _recipe_rows(summary.get("recipe") or {}, summary.get("steps"))
+
+
+def _shape_plan_rows(shape_plan: dict | None) -> list[tuple[str, str]]:
+    """The shape a time budget chose, the candidates it timed and the rule (none for a shape given by hand)."""
+    if not isinstance(shape_plan, dict):
+        return []
+    timed = "; ".join(f"{c['shape']}: {c['seconds_per_step'] * 1000:.0f} ms a step, {c['planned_passes']:g} passes, "
+                      f"{c['tokens_per_parameter']:g} tokens per parameter" for c in shape_plan.get("candidates", []))
+    return [("Shape", f"{shape_plan.get('chosen')}, chosen by the time budget: {shape_plan.get('rule')} ({timed})")]
 
 
 def _budget_rows(summary: dict) -> list[tuple[str, str]]:

@@ -26,6 +26,7 @@ import yaml
 from ..models import MiniTxConfig
 
 PRESETS = resources.files(__package__) / "presets"  # JSON files shipped inside the package
+DEFAULT_PRESET = "tiny"  # the blocks of a run without --preset (a time budget then chooses the shape)
 ARGS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
 
 
@@ -33,10 +34,11 @@ ARGS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
 class ModelArguments:
     """What model to build."""
 
-    preset: str = field(
-        default="tiny",
-        metadata={"help": "Model shape: a preset name (tiny, small, gpt2-small, base, ...) "
-                          "or the path of a JSON file of MiniTxConfig fields."},
+    preset: str | None = field(
+        default=None,
+        metadata={"help": "Model shape: a preset name (tiny, small, gpt2-small, base, ...) or the path of a JSON file "
+                          "of MiniTxConfig fields. None: tiny's blocks, and with --max_minutes (causal-lm) the time "
+                          "budget chooses the width and depth (docs/training.md)."},
     )
     config_overrides: str | None = field(
         default=None,
@@ -183,6 +185,15 @@ class TrainArguments:
                                          "shrinks them by lr x this); it pays off in runs that pass over their data "
                                          "many times."}
     )
+    cautious_weight_decay: bool = field(
+        default=False, metadata={"help": "--optimizer muon: decay only the entries of a matrix whose update has the "
+                                          "weight's sign (cautious weight decay), so the decay never works against "
+                                          "the step."}
+    )
+    embedding_weight_decay: float = field(
+        default=0.0, metadata={"help": "AdamW weight decay of the embedding tables (a tied head is the token table); "
+                                       "0: none, as usual."}
+    )
     lr_scheduler_type: Literal[
         "cosine", "inverse_sqrt", "linear", "constant_with_warmup", "warmup_stable_decay"
     ] = field(
@@ -246,9 +257,11 @@ class TrainArguments:
     )
     logging_steps: int = field(default=10, metadata={"help": "Write a train record to metrics.jsonl every N steps."})
     eval_steps: float | None = field(
-        default=200,
+        default=None,
         metadata={"help": "Evaluate every N steps (and always at the end); a value in (0, 1) is a fraction of the "
-                          "run's steps (with --max_minutes, of the planned steps); 0: at the end only."}
+                          "run's steps (with --max_minutes, of the planned steps); 0: at the end only. Default: "
+                          "every 200 steps, or with --max_minutes every quarter of the plan (an evaluation of the "
+                          "whole validation split costs the steps it replaces)."}
     )
     generation_eval_samples: int | None = field(
         default=None,
@@ -374,7 +387,7 @@ def parse_training_args(argv: list[str] | None = None) -> tuple[ModelArguments, 
                         "(JSON or YAML) given first supplies defaults; the command line overrides them.")
 
     model_args, data_args, train_args = parse(file_values)
-    recipe = preset_training(model_args.preset)
+    recipe = preset_training(model_args.preset or DEFAULT_PRESET)
     if recipe:  # the preset's training arguments, under the arguments file and the command line
         model_args, data_args, train_args = parse({**recipe, **(file_values or {})})
     train_args.arguments_file = args_file

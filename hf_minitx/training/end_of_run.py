@@ -32,6 +32,7 @@ from .outputs import LOSS_CURVE_FILE, SUMMARY_FILE, save_final_model
 from .rescue import check_room, final_save_bytes, rescue_final_model
 from .run_plan import RunPlan
 from .setup import effective_precision
+from .shape_plan import SHAPE_PLAN
 from .signals import StopSignals
 from .state import FitOutcome, RunState, TrainingRun
 from .training_data import is_hub_dataset
@@ -71,6 +72,7 @@ def train_summary(plan: RunPlan, run: TrainingRun, state: RunState, outcome: Fit
         "hub_dataset": is_hub_dataset(data_args.dataset), **run_summary(run, state, outcome),
         "evaluation": run.evaluation.coverage,
         "preset": model_args.preset, "seed": train_args.seed, "config_overrides": model_args.config_overrides,
+        **({SHAPE_PLAN: plan.shape_plan} if plan.shape_plan else {}),
         **({"distilled_from": plan.teacher} if plan.teacher else {}),
         **({"bad_bytes_replaced": dict(REPLACED_BYTES), "rows_without_text_skipped": dict(SKIPPED_ROWS)}
            if data_args.skip_bad_rows else {}),

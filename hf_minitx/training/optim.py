@@ -9,9 +9,11 @@ Parameters fall into three kinds (``partition_parameters``), each exactly once:
 
 - ``matrices``: the 2-D weights inside the blocks (attention and feed-forward projections);
 - ``head``: an untied output head (a tied one *is* the token embedding);
-- ``no_decay``: embeddings (tokens, learned positions), norm weights and every bias.
+- ``embeddings``: the 2-D embedding tables (tokens, learned positions; a tied head is the token table);
+- ``no_decay``: norm weights, every bias and every other 1-D parameter.
 
-``adamw``: AdamW on all of them, weight decay on ``matrices`` and ``head``. ``muon``: torch's ``torch.optim.Muon``
+``adamw``: AdamW on all of them, weight decay on ``matrices`` and ``head``, ``--embedding_weight_decay`` on
+``embeddings``. ``muon``: torch's ``torch.optim.Muon``
 (``Muon`` below: float32 orthogonalisation on a CPU) on ``matrices`` (momentum, then the update orthogonalised
 by Newton-Schulz iterations), AdamW on the rest. A new optimizer is one entry of ``OPTIMIZERS``.
 """
@@ -39,6 +41,8 @@ class OptimizerArguments(Protocol):
     muon_learning_rate: float
     muon_momentum: float
     muon_weight_decay: float
+    cautious_weight_decay: bool
+    embedding_weight_decay: float
     lr_scheduler_type: str
     warmup_steps: int
     decay_ratio: float
@@ -46,7 +50,7 @@ class OptimizerArguments(Protocol):
 
 
 def partition_parameters(model: nn.Module) -> dict[str, list[nn.Parameter]]:
-    """{"matrices", "head", "no_decay"}: every trainable parameter of ``model`` in exactly one list.
+    """{"matrices", "head", "embeddings", "no_decay"}: every trainable parameter of ``model`` in exactly one list.
 
     Embeddings and norms are recognised by module type (``nn.Embedding``, ``nn.LayerNorm``) or by a class name
     holding "embed" or "norm" (RMSNorm, rotary tables); the head is ``model.get_output_embeddings()`` when it
@@ -54,16 +58,19 @@ def partition_parameters(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     head_ids = {id(p) for p in head.parameters()} if head is not None else set()
-    groups: dict[str, list[nn.Parameter]] = {"matrices": [], "head": [], "no_decay": []}
+    groups: dict[str, list[nn.Parameter]] = {"matrices": [], "head": [], "embeddings": [], "no_decay": []}
     seen: set[int] = set()
     for module in model.modules():
         kind = type(module).__name__.lower()
-        exempt = isinstance(module, (nn.Embedding, nn.LayerNorm)) or "embed" in kind or "norm" in kind
+        table = isinstance(module, nn.Embedding) or "embed" in kind
+        exempt = table or isinstance(module, nn.LayerNorm) or "norm" in kind
         for param in module.parameters(recurse=False):
             if id(param) in seen or not param.requires_grad:
                 continue
             seen.add(id(param))
-            if exempt or param.ndim < 2:
+            if table and param.ndim == 2:
+                groups["embeddings"].append(param)
+            elif exempt or param.ndim < 2:
                 groups["no_decay"].append(param)
             elif id(param) in head_ids:
                 groups["head"].append(param)
@@ -79,14 +86,17 @@ class Muon(torch.optim.Muon):
     Each step, per matrix: momentum ``buf = mu * buf + (1 - mu) * grad``, the Nesterov update
     ``grad + mu * (buf - grad)``, five Newton-Schulz iterations that replace the update by the nearest
     semi-orthogonal matrix (all its singular values near 1), then ``p -= lr * sqrt(max(1, rows / cols)) * update``
-    after decoupled weight decay. torch runs the iterations in bfloat16, which is fast on GPUs but many times slower
-    than float32 on CPUs without bfloat16 units (docs/training.md, "Muon's cost on a CPU"); off the
-    CPU this class is torch's Muon unchanged.
+    after decoupled weight decay ``p -= lr * wd * p``. A group with ``cautious`` set decays only the entries whose
+    update has the weight's sign, those the update already moves toward zero (``--cautious_weight_decay``).
+    torch runs the iterations in bfloat16, which is fast on GPUs but many times slower than float32 on CPUs without
+    bfloat16 units (docs/training.md, "Muon's cost on a CPU"); off the CPU this class is torch's Muon unchanged
+    (cautious decay runs this float32 step on every device).
     """
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        if any(p.device.type != "cpu" for group in self.param_groups for p in group["params"]):
+        cautious = any(group.get("cautious") for group in self.param_groups)
+        if not cautious and any(p.device.type != "cpu" for group in self.param_groups for p in group["params"]):
             return super().step(closure)
         loss = closure() if closure is not None else None
         for group in self.param_groups:
@@ -102,9 +112,22 @@ class Muon(torch.optim.Muon):
                 stacked = torch.stack([update.float() for _, update in pairs])  # (matrices, rows, cols)
                 updates = newton_schulz(stacked, group["ns_coefficients"], group["ns_steps"], group["eps"])
                 for (param, _), update in zip(pairs, updates, strict=True):
-                    param.mul_(1 - lr * group["weight_decay"])
+                    decay_weight(param, update, lr * group["weight_decay"], group.get("cautious", False))
                     param.add_(update.to(param.dtype), alpha=-lr * math.sqrt(max(1.0, rows / cols)))
         return loss
+
+
+def decay_weight(param: torch.Tensor, update: torch.Tensor, rate: float, cautious: bool) -> None:
+    """Decoupled weight decay ``param -= rate * param``, before ``update`` (the direction subtracted from
+    ``param``) is applied. Cautious: only where ``update`` and ``param`` share a sign, so the decay never pulls
+    against the gradient's own step (Slowrun's and modded-nanogpt's cautious decay)."""
+    if rate == 0.0:
+        return
+    if not cautious:
+        param.mul_(1 - rate)
+        return
+    agree = (update * param > 0).to(param.dtype)  # (rows, cols): 1 where the update shrinks |param| too
+    param.sub_(param * agree, alpha=rate)
 
 
 GRAM_MAX_STEPS = 5  # torch.optim.Muon's default ns_steps; beyond it the Gram form's rounding can blow up
@@ -219,11 +242,22 @@ def _named(name: str, params: list[nn.Parameter], **settings: Any) -> dict[str, 
     return {"params": params, "name": name, **settings}
 
 
+def embedding_groups(kinds: dict[str, list[nn.Parameter]], args: OptimizerArguments) -> list[dict[str, Any]]:
+    """The AdamW groups of the embedding tables and the undecayed rest: the tables join ``adamw_no_decay`` unless
+    ``--embedding_weight_decay`` is set, when they are a group of their own (so that a run without it keeps the
+    groups, and the checkpoints, of a run made before the option)."""
+    if not args.embedding_weight_decay:
+        return [_named("adamw_no_decay", kinds["embeddings"] + kinds["no_decay"], weight_decay=0.0)]
+    return [_named("adamw_embeddings", kinds["embeddings"], weight_decay=args.embedding_weight_decay),
+            _named("adamw_no_decay", kinds["no_decay"], weight_decay=0.0)]
+
+
 def adamw_optimizer(model: nn.Module, args: OptimizerArguments) -> torch.optim.Optimizer:
-    """AdamW everywhere: decoupled weight decay on the matrices and an untied head, none elsewhere."""
+    """AdamW everywhere: decoupled weight decay on the matrices and an untied head, the embeddings' own on the
+    tables, none elsewhere."""
     kinds = partition_parameters(model)
     return _adamw([_named("adamw_decay", kinds["matrices"] + kinds["head"], weight_decay=args.weight_decay),
-                   _named("adamw_no_decay", kinds["no_decay"], weight_decay=0.0)], args)
+                   *embedding_groups(kinds, args)], args)
 
 
 def muon_optimizer(model: nn.Module, args: OptimizerArguments) -> torch.optim.Optimizer:
@@ -232,10 +266,10 @@ def muon_optimizer(model: nn.Module, args: OptimizerArguments) -> torch.optim.Op
     kinds = partition_parameters(model)
     if not kinds["matrices"]:
         raise ValueError("--optimizer muon found no hidden 2-D matrix to optimise; use --optimizer adamw")
-    muon = Muon([_named("muon", kinds["matrices"])], lr=args.muon_learning_rate,
-                            momentum=args.muon_momentum, weight_decay=args.muon_weight_decay)
+    muon = Muon([_named("muon", kinds["matrices"], cautious=args.cautious_weight_decay)], lr=args.muon_learning_rate,
+                momentum=args.muon_momentum, weight_decay=args.muon_weight_decay)
     adamw = _adamw([_named("adamw_head", kinds["head"], weight_decay=args.weight_decay),
-                    _named("adamw_no_decay", kinds["no_decay"], weight_decay=0.0)], args)
+                    *embedding_groups(kinds, args)], args)
     return CombinedOptimizer({"muon": muon, "adamw": adamw})
 
 
@@ -309,8 +343,9 @@ def check_optimizer_arguments(args: OptimizerArguments) -> None:
         if not 0 < value <= MAX_LEARNING_RATE:  # NaN fails every comparison
             raise ValueError(f"--{name} must be > 0 and at most {MAX_LEARNING_RATE:g} (usual rates: 1e-4 to 0.05), "
                              f"got {value}")
-    if not 0 <= args.muon_weight_decay < math.inf:
-        raise ValueError(f"--muon_weight_decay must be >= 0 and finite, got {args.muon_weight_decay}")
+    for name in ("muon_weight_decay", "embedding_weight_decay"):
+        if not 0 <= getattr(args, name) < math.inf:
+            raise ValueError(f"--{name} must be >= 0 and finite, got {getattr(args, name)}")
     for name in ("decay_ratio", "min_lr_ratio"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             raise ValueError(f"--{name} must be in [0, 1], got {getattr(args, name)}")

@@ -29,6 +29,7 @@ from .argument_checks import (
     parse_trackers,
 )
 from .arguments import (
+    DEFAULT_PRESET,
     DataArguments,
     ModelArguments,
     TrainArguments,
@@ -50,6 +51,7 @@ from .checkpoints import (
 from .distill import check_distill_arguments, teacher_identity, teacher_record
 from .loss import Objective
 from .outputs import SUMMARY_FILE
+from .shape_plan import SHAPE_PLAN, plans_shape
 
 DISTILLATION = "distillation"  # run identity key: the teacher's weights digest, alpha and T (None: no teacher)
 TOKENIZER_IDS = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
@@ -71,6 +73,8 @@ class RunPlan:
     resume_state: dict[str, Any] | None = None  # run_state.json of the checkpoint, read once
     claimed: str | None = None  # how claim_output_folder found output_dir: "missing", "empty", "replaced", "resumed"
     made_folder: bool = False  # lock_output_folder created output_dir to hold its lock
+    plans_shape: bool = False  # a new run whose time budget chooses the shape (setup times the candidates)
+    shape_plan: dict[str, Any] | None = None  # what it chose and why (a resumed one: its checkpoint's record)
 
     @cached_property
     def identity(self) -> dict[str, Any]:
@@ -96,7 +100,7 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     readable checkpoint of this folder's own run.
     """
     settings = resolve_model_settings(model_args, data_args)
-    config = build_config(settings, model_args.preset)
+    config = build_config(settings, model_args.preset or DEFAULT_PRESET)
     if train_args.late_dropout is None:  # the task's default (see TrainArguments.late_dropout)
         train_args.late_dropout = LATE_DROPOUT if data_args.task == "causal-lm" else 0.0
     check_training_arguments(train_args)
@@ -107,6 +111,7 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
         model_args, data_args, train_args, settings, config,
         objective=Objective.for_task(data_args.task, train_args.label_smoothing, config),
         output_dir=output_path(train_args.output_dir), trackers=parse_trackers(train_args.report_to),
+        plans_shape=plans_shape(model_args, data_args, train_args),
     )
     inputs = run_inputs(model_args, data_args, train_args)  # a missing dataset file is named here
     if train_args.resume_from_checkpoint is None:
@@ -115,18 +120,21 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
                             any_flag="--overwrite_any_folder", overwrite_any=train_args.overwrite_any_folder)
         if data_args.tokenizer:  # before the corpus is read (a resumed run's tokenizer is checked as an input)
             check_training_tokenizer(data_args.tokenizer)
+        default_eval_steps(train_args)
         return plan
     check_apart(plan.output_dir, inputs, option="--output_dir")
     if plan.output_dir.is_dir():
         check_not_locked(plan.output_dir)
     plan.checkpoint = resolve_checkpoint(train_args.resume_from_checkpoint, plan.output_dir)
     plan.resume_state = read_run_state(plan.checkpoint)
+    take_planned_shape(plan)
     check_compatible(plan.checkpoint, plan.resume_state, plan.identity)
     check_same_run(plan.output_dir, plan.checkpoint, plan.resume_state)
     check_same_inputs(plan.checkpoint, plan.resume_state, plan.identity, accept_edits=data_args.accept_changed_inputs,
                       tokenizer=data_args.tokenizer)
     check_checkpoint_files(plan.checkpoint, streaming=data_args.streaming, step=plan.resume_state["step"])
     resumed_budget(train_args, plan.resume_state, plan.checkpoint)  # the checkpoint's budget, kept or refused here
+    default_eval_steps(train_args)  # once the budget is known (a resume may take up its checkpoint's)
     if data_args.streaming:
         check_stream_length(train_args)
         check_stream_resume(plan.checkpoint, data_args, train_args.seed,  # the launcher says how many processes
@@ -136,9 +144,28 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     return plan
 
 
+def default_eval_steps(train_args: TrainArguments) -> None:
+    """--eval_steps left out: every EVAL_STEPS steps, or with a time budget every BUDGET_EVAL_STEPS of the plan
+    (each evaluation of the whole validation split costs the steps it replaces)."""
+    if train_args.eval_steps is None:
+        train_args.eval_steps = BUDGET_EVAL_STEPS if train_args.max_minutes is not None else EVAL_STEPS
+
+
+def take_planned_shape(plan: RunPlan) -> None:
+    """A resumed run that would choose its shape takes the one its checkpoint's run chose (timing again could
+    choose another): the recorded settings, before the checkpoint's identity is compared."""
+    recorded = plan.resume_state.get(SHAPE_PLAN)
+    if not plan.plans_shape or not recorded:
+        return
+    plan.plans_shape, plan.shape_plan = False, recorded
+    plan.settings.update(recorded["settings"])
+    plan.config = build_config(plan.settings, DEFAULT_PRESET)
+
+
 def resolve_model_settings(model_args: ModelArguments, data_args: DataArguments) -> dict[str, Any]:
-    """MiniTxConfig fields from the preset and the overrides; ``is_encoder_decoder`` follows the task."""
-    settings = load_preset(model_args.preset)
+    """MiniTxConfig fields from the preset (none given: ``DEFAULT_PRESET``) and the overrides;
+    ``is_encoder_decoder`` follows the task."""
+    settings = load_preset(model_args.preset or DEFAULT_PRESET)
     overrides = parse_config_overrides(model_args.config_overrides)
     from_tokenizer = [key for key in TOKENIZER_IDS if key in overrides]
     if from_tokenizer:
@@ -156,7 +183,7 @@ def resolve_model_settings(model_args: ModelArguments, data_args: DataArguments)
     if "is_encoder_decoder" in settings and bool(settings["is_encoder_decoder"]) != wants_seq2seq:
         kind = "an encoder-decoder" if settings["is_encoder_decoder"] else "a decoder-only"
         raise ValueError(
-            f"preset {model_args.preset!r} describes {kind} model but --task is {data_args.task!r}; "
+            f"preset {model_args.preset or DEFAULT_PRESET!r} describes {kind} model but --task is {data_args.task!r}; "
             f"use --task {'seq2seq' if settings['is_encoder_decoder'] else 'causal-lm'} or another preset"
         )
     settings["is_encoder_decoder"] = wants_seq2seq
@@ -196,9 +223,11 @@ def shift_window(plan: RunPlan) -> int:
 
 
 LATE_DROPOUT = 0.1  # causal-lm's default --late_dropout (docs/recipe-log.md: the screen that chose it)
-RECIPE_FIELDS = ("optimizer", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
-                 "lr_scheduler_type", "warmup_steps", "max_grad_norm", "label_smoothing", "late_dropout")
-RECIPE_FIELDS_OF = {"muon": ("muon_learning_rate", "muon_weight_decay", "muon_momentum"),
+EVAL_STEPS, BUDGET_EVAL_STEPS = 200, 0.25  # default --eval_steps without and with --max_minutes
+RECIPE_FIELDS = ("optimizer", "learning_rate", "weight_decay", "embedding_weight_decay", "adam_beta1", "adam_beta2",
+                 "adam_epsilon", "lr_scheduler_type", "warmup_steps", "max_grad_norm", "label_smoothing",
+                 "late_dropout")
+RECIPE_FIELDS_OF = {"muon": ("muon_learning_rate", "muon_weight_decay", "muon_momentum", "cautious_weight_decay"),
                     "warmup_stable_decay": ("decay_ratio", "min_lr_ratio"), "late_dropout": ("late_dropout_passes",)}
 
 
@@ -219,7 +248,7 @@ def run_inputs(model_args: ModelArguments, data_args: DataArguments,
     inputs = [("--dataset", path) for path in local_inputs(data_args.dataset)]
     if data_args.tokenizer:
         inputs.append(("--tokenizer", Path(data_args.tokenizer)))
-    if preset_path(model_args.preset) is not None:
+    if model_args.preset and preset_path(model_args.preset) is not None:
         inputs.append(("--preset", Path(model_args.preset)))
     if train_args.arguments_file:
         inputs.append(("arguments file", Path(train_args.arguments_file)))

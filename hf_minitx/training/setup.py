@@ -23,7 +23,7 @@ from transformers import PreTrainedTokenizerBase
 from ..device import keep_freed_memory, pick_device
 from ..inference import non_finite_weights
 from ..models import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration
-from .arguments import TrainArguments
+from .arguments import DEFAULT_PRESET, TrainArguments
 from .best import BestWeights
 from .budget import every
 from .checkpoints import check_checkpoint_fits
@@ -34,7 +34,8 @@ from .optim import build_optimizer, build_scheduler, describe_schedule, relay_sc
 from .outputs import truncate_metrics
 from .run_folder import claim_output_folder, get_tokenizer
 from .run_length import SCHEDULE_CHANGES, late_dropout_plan, run_length, schedule_changes
-from .run_plan import RunPlan, check_global_batch, check_not_complete, shift_window
+from .run_plan import RunPlan, build_config, check_global_batch, check_not_complete, shift_window
+from .shape_plan import SHAPE_PLAN, plan_shape
 from .state import LoopSettings, RunState, TrainingRun
 from .training_data import load_training_corpus, prepare_data, streaming_train_batches, training_loader
 
@@ -56,14 +57,15 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
     with accelerator.main_process_first():
         data = prepare_data(corpus, tokenizer, plan)
 
-    set_seed(train_args.seed)
-    model = build_model(plan.config, tokenizer)
-    distillation = load_distillation(train_args, model, accelerator.device)
-    optimizer = build_optimizer(model, train_args)
     batches_per_epoch = None if plan.data_args.streaming else StepIndexedBatchSampler(
         len(data.train), train_args.per_device_train_batch_size, num_processes=accelerator.num_processes,
         window=shift_window(plan),
     ).batches_per_epoch
+    timing_seconds = choose_planned_shape(plan, tokenizer, accelerator, batches_per_epoch, data)
+    set_seed(train_args.seed)
+    model = build_model(plan.config, tokenizer)
+    distillation = load_distillation(train_args, model, accelerator.device)
+    optimizer = build_optimizer(model, train_args)
     total_steps, budget = run_length(plan, batches_per_epoch)
     check_not_complete(plan, total_steps)  # before the first write
     changes = schedule_changes(plan, total_steps, budget)
@@ -76,6 +78,7 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
     run_id = claim_output_folder(plan) if accelerator.is_main_process else None  # the first write of the run
     accelerator.wait_for_everyone()
     state = resume(plan, accelerator, model)
+    state.train_seconds += timing_seconds  # the shape's timing is spent from the budget, as training is
     if changes:  # the optimizer came back with the checkpoint's rate: the new length applies from this step on
         relay_schedule(scheduler, train_args, total_steps)
     best = BestWeights.load(plan.checkpoint, state.best_step, state.best_metrics) if plan.checkpoint else BestWeights()
@@ -105,7 +108,7 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
         batches = iter(training_loader(data, train_args, accelerator, start=state.step * k, window=shift_window(plan)))
     run = TrainingRun(accelerator, model, optimizer, scheduler, batches, plan.objective, evaluation, settings,
                       plan.output_dir, checkpoint_fields={
-                          **plan.identity, "run_id": run_id, SCHEDULE_CHANGES: changes,
+                          **plan.identity, "run_id": run_id, SCHEDULE_CHANGES: changes, SHAPE_PLAN: plan.shape_plan,
                           "global_batch_size": train_args.per_device_train_batch_size * accelerator.num_processes * k},
                       stream=stream, recipe=training_recipe(plan, total_steps, accelerator.num_processes),
                       budget=budget, schedule_args=train_args,
@@ -120,6 +123,26 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
         logger.warning(cut)
     start_trackers(plan, accelerator)
     return run, tokenizer, state
+
+
+def choose_planned_shape(plan: RunPlan, tokenizer: PreTrainedTokenizerBase, accelerator: Accelerator,
+                         batches_per_epoch: int | None, data: Any) -> float:
+    """A run whose time budget chooses its shape (``RunPlan.plans_shape``) times the candidates here, with the
+    tokenizer's vocabulary, and takes the chosen one into its settings and config (``data``: the prepared data,
+    whose training samples hold --block_size tokens); the seconds it spent (0.0 for any other run)."""
+    if not plan.plans_shape or not batches_per_epoch:
+        return 0.0
+    settings = {**plan.settings, **tokenizer_ids(tokenizer)}
+    block = plan.data_args.block_size
+    chosen = plan_shape(settings, plan.train_args, block, batches_per_epoch, len(data.train) * block,
+                        accelerator.device, reduce=accelerator.reduce if accelerator.num_processes > 1 else None)
+    plan.settings.update(chosen.chosen.settings())
+    plan.config = build_config(plan.settings, DEFAULT_PRESET)
+    plan.shape_plan = chosen.record()
+    timed = "; ".join(f"{c['shape']}: {c['seconds_per_step'] * 1000:.0f} ms a step, {c['planned_passes']:g} passes, "
+                      f"{c['tokens_per_parameter']:g} tokens per parameter" for c in chosen.candidates)
+    accelerator.print(f"the time budget chose {chosen.chosen.name} ({plan.shape_plan['rule']}): {timed}")
+    return chosen.seconds
 
 
 def make_accelerator(train_args: TrainArguments, trackers: list[str]) -> Accelerator:
@@ -171,14 +194,19 @@ def effective_precision(accelerator: Accelerator) -> str:
     return precision if precision == "no" or accelerator.native_amp else "no"
 
 
-def build_model(config: MiniTxConfig, tokenizer: PreTrainedTokenizerBase) -> nn.Module:
-    """A fresh MiniTx model whose vocabulary and special ids come from the tokenizer (set on ``config``)."""
+def tokenizer_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
+    """The config fields that come from the tokenizer: the vocabulary size and the special ids."""
     ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
            "pad_token_id": tokenizer.pad_token_id}
     missing = [name for name, value in ids.items() if value is None]
     if missing:
         raise ValueError(f"the tokenizer lacks {missing}; use a tokenizer with <pad>, <bos> and <eos> tokens")
-    for name, value in {**ids, "vocab_size": len(tokenizer), "decoder_start_token_id": ids["bos_token_id"]}.items():
+    return {**ids, "vocab_size": len(tokenizer), "decoder_start_token_id": ids["bos_token_id"]}
+
+
+def build_model(config: MiniTxConfig, tokenizer: PreTrainedTokenizerBase) -> nn.Module:
+    """A fresh MiniTx model whose vocabulary and special ids come from the tokenizer (set on ``config``)."""
+    for name, value in tokenizer_ids(tokenizer).items():
         setattr(config, name, value)
     cls = MiniTxForConditionalGeneration if config.is_encoder_decoder else MiniTxForCausalLM
     return cls(config)

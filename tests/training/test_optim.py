@@ -330,3 +330,45 @@ def test_groups_with_the_modern_architecture_options(make_config):
     assert sum(len(names) for names in groups.values()) == len(list(model.parameters()))
     assert any("gate_proj" in n for n in groups["muon"]) and any("q_norm" in n for n in groups["adamw_no_decay"])
     assert not any("norm" in n or "embed" in n for n in groups["muon"]) and groups["adamw_head"] == {"lm_head.weight"}
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_embedding_weight_decay_is_a_group_of_the_tables_only_when_set(make_config, optimizer):
+    model = _model(make_config)  # tied: the head is the token table
+    plain = _groups(build_optimizer(model, TrainArguments(optimizer=optimizer)))
+    assert "adamw_embeddings" not in plain  # the groups (and checkpoints) of a run without it are unchanged
+    assert any(p is model.get_input_embeddings().weight for p in plain["adamw_no_decay"]["params"])
+    groups = _groups(build_optimizer(model, TrainArguments(optimizer=optimizer, embedding_weight_decay=0.3)))
+    tables = {n for n, p in model.named_parameters() if any(p is q for q in groups["adamw_embeddings"]["params"])}
+    assert tables == {"model.decoder.embed_tokens.weight", "model.decoder.embed_positions.weight"}  # learned positions
+    assert groups["adamw_embeddings"]["weight_decay"] == 0.3 and groups["adamw_no_decay"]["weight_decay"] == 0.0
+    assert not any(p.ndim == 2 for p in groups["adamw_no_decay"]["params"])
+    with pytest.raises(ValueError, match="--embedding_weight_decay must be >= 0"):
+        check_optimizer_arguments(TrainArguments(embedding_weight_decay=-0.1))
+
+
+def test_cautious_decay_shrinks_only_the_entries_the_update_moves_toward_zero():
+    from hf_minitx.training.optim import decay_weight
+
+    param = torch.tensor([[1.0, -2.0], [3.0, -4.0]])
+    update = torch.tensor([[0.5, 0.5], [-0.5, -0.5]])  # subtracted: agrees with the weight's sign at (0,0), (1,1)
+    plain, cautious = param.clone(), param.clone()
+    decay_weight(plain, update, 0.1, cautious=False)
+    decay_weight(cautious, update, 0.1, cautious=True)
+    assert torch.allclose(plain, param * 0.9)
+    assert torch.allclose(cautious, torch.tensor([[0.9, -2.0], [3.0, -3.6]]))
+
+
+def test_muon_with_cautious_decay_differs_from_plain_decay_only_by_the_masked_entries(make_config):
+    results = {}
+    for cautious in (False, True):
+        model = _model(make_config)
+        args = TrainArguments(optimizer="muon", muon_weight_decay=0.5, cautious_weight_decay=cautious)
+        optimizer = build_optimizer(model, args)
+        assert optimizer.parts["muon"].param_groups[0]["cautious"] is cautious
+        _step(model, optimizer, seed=0)
+        results[cautious] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    changed = {n for n in results[True] if not torch.equal(results[True][n], results[False][n])}
+    assert changed and all(n.endswith("proj.weight") or "fc" in n for n in changed)  # the Muon matrices only
+    name = sorted(changed)[0]
+    assert (results[True][name].abs() >= results[False][name].abs() - 1e-7).all()  # decayed less, never more

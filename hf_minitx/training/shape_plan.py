@@ -1,0 +1,167 @@
+"""The model a time budget buys: with ``--max_minutes`` and no ``--preset`` or shape override, the run chooses its
+width and depth from the budget, this machine's step time and the corpus size.
+
+A larger model learns more from each token but makes fewer steps in the same minutes, and a token seen again
+teaches less than a new one: after R passes over U unique tokens a model has seen about
+U * (1 + R* * (1 - exp(-(R - 1) / R*))) tokens' worth, R* = 15.4 (Muennighoff et al. 2023, "Scaling
+Data-Constrained Language Models"). So each candidate of ``SHAPES`` is timed for a few steps of the run's own
+batch on this machine, the tokens it would see in the budget are planned and discounted for repetition, and
+the largest candidate with at least ``TOKENS_PER_PARAMETER`` effective tokens per non-embedding parameter is
+taken (the smallest when none has): a longer budget, a faster machine or a larger corpus buys a larger model.
+The ratio is this project's own, measured on a grid of fixed shapes (docs/recipe-log.md,
+"The model a budget buys"). The candidates, their timings and the choice are recorded in the summary and the card.
+
+    plans_shape(model_args, data_args, train_args)   whether this run chooses its shape
+    plan_shape(...)                                   time the candidates, choose one: a ``ShapePlan``
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..models import MiniTxConfig, MiniTxForCausalLM
+from .arguments import DataArguments, ModelArguments, TrainArguments, parse_config_overrides
+from .optim import build_optimizer, partition_parameters
+
+SHAPE_PLAN = "shape_plan"  # run state and summary key: the shape a time budget chose, the candidates and why
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "intermediate_size")  # an override of any of these is a shape given by hand: no plan
+TOKENS_PER_PARAMETER = 4.0  # effective training tokens per non-embedding parameter of the largest candidate taken
+REPEAT_HALF_LIFE = 15.4  # R*: passes after which repeated tokens are worth 1/e less (Muennighoff et al. 2023)
+TIMED_STEPS, WARM_STEPS = 5, 3  # per candidate: untimed steps (allocation, caches), then timed ones (the median)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One candidate: depth x width and heads; the feed-forward is as wide as the model (ReLU^2's best at a fixed
+    wall time: docs/recipe-log.md)."""
+
+    layers: int
+    hidden: int
+    heads: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.layers} x {self.hidden}"
+
+    def settings(self) -> dict[str, int]:
+        """The MiniTxConfig fields of this shape."""
+        return {"num_hidden_layers": self.layers, "hidden_size": self.hidden, "num_attention_heads": self.heads,
+                "intermediate_size": self.hidden}
+
+
+SHAPES = (Shape(2, 64, 2), Shape(3, 96, 3), Shape(4, 128, 4), Shape(4, 160, 5), Shape(4, 192, 6), Shape(6, 192, 6),
+          Shape(6, 256, 4), Shape(8, 384, 6), Shape(12, 512, 8))  # in the order of their cost; heads of 32 or 64
+
+
+@dataclass
+class ShapePlan:
+    """The candidates timed, the one chosen and why; ``seconds``: what the timing cost (spent from the budget)."""
+
+    chosen: Shape
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def record(self) -> dict[str, Any]:
+        """For training_summary.json, the run state and the card."""
+        return {"chosen": self.chosen.name, "settings": self.chosen.settings(),
+                "timing_seconds": round(self.seconds, 2), "candidates": self.candidates,
+                "rule": f"the largest candidate planned to see at least {TOKENS_PER_PARAMETER:g} effective tokens "
+                        "per parameter (repeated tokens discounted)"}
+
+
+def plans_shape(model_args: ModelArguments, data_args: DataArguments, train_args: TrainArguments) -> bool:
+    """A new causal-lm run with a time budget, no --preset and no shape in --config_overrides chooses its shape
+    (a resumed one takes the shape its checkpoint recorded)."""
+    overrides = parse_config_overrides(model_args.config_overrides)
+    return (model_args.preset is None and train_args.max_minutes is not None and data_args.task == "causal-lm"
+            and not data_args.streaming and not any(name in overrides for name in SHAPE_FIELDS))
+
+
+def effective_tokens(passes: float, corpus_tokens: int) -> float:
+    """Tokens' worth of ``passes`` over ``corpus_tokens`` unique tokens: each pass after the first is worth less
+    (Muennighoff et al.'s D' = U (1 + R* (1 - exp(-(R - 1) / R*))), with R the passes made; one pass or less: as
+    many tokens as were seen)."""
+    if passes <= 1.0:
+        return passes * corpus_tokens
+    return corpus_tokens * (1.0 + REPEAT_HALF_LIFE * (1.0 - math.exp(-(passes - 1.0) / REPEAT_HALF_LIFE)))
+
+
+def choose_shape(timings: list[dict[str, Any]]) -> Shape:
+    """The largest timed candidate with at least TOKENS_PER_PARAMETER effective tokens per parameter, or the
+    smallest when none has."""
+    fitting = [t for t in timings if t["tokens_per_parameter"] >= TOKENS_PER_PARAMETER]
+    return (fitting[-1] if fitting else timings[0])["shape"]
+
+
+def plan_shape(settings: dict[str, Any], train_args: TrainArguments, block_size: int, batches_per_epoch: int,
+               corpus_tokens: int, device: torch.device, reduce: Any = None) -> ShapePlan:
+    """Time each candidate (``settings`` with its shape: the run's blocks and vocabulary) for a few optimizer steps
+    of the run's micro-batches (``per_device_train_batch_size`` rows of ``block_size``, accumulated
+    ``gradient_accumulation_steps`` times) on ``device``, and choose one for ``train_args.max_minutes``; a pass
+    over the corpus (``corpus_tokens``) is ``batches_per_epoch`` micro-batches.
+
+    Candidates are timed from the smallest up, and the timing stops at the first one below the ratio (every larger
+    one sees fewer tokens for more parameters). ``reduce``: a mean over the processes, so that all choose alike
+    (accelerate's ``reduce``)."""
+    started, budget = time.perf_counter(), train_args.max_minutes * 60
+    timings: list[dict[str, Any]] = []
+    for shape in SHAPES:
+        step_seconds, parameters = time_shape(settings, shape, train_args, block_size, device)
+        if reduce is not None:
+            step_seconds = float(reduce(torch.tensor(step_seconds, device=device), "mean").item())
+        left = budget - (time.perf_counter() - started)
+        steps = max(0, math.floor(left / step_seconds))
+        passes = steps * train_args.gradient_accumulation_steps / max(batches_per_epoch, 1)
+        tokens = effective_tokens(passes, corpus_tokens)
+        timings.append({"shape": shape, "seconds_per_step": step_seconds, "planned_steps": steps,
+                        "planned_passes": passes, "parameters": parameters,
+                        "tokens_per_parameter": tokens / parameters})
+        if timings[-1]["tokens_per_parameter"] < TOKENS_PER_PARAMETER:
+            break
+    chosen = choose_shape(timings)
+    candidates = [{"shape": t["shape"].name, "seconds_per_step": round(t["seconds_per_step"], 5),
+                   "planned_steps": t["planned_steps"], "planned_passes": round(t["planned_passes"], 2),
+                   "parameters": t["parameters"], "tokens_per_parameter": round(t["tokens_per_parameter"], 2)}
+                  for t in timings]
+    return ShapePlan(chosen, candidates, time.perf_counter() - started)
+
+
+def non_embedding_parameters(model: nn.Module) -> int:
+    """Parameters outside the embedding tables (Kaplan et al. 2020's N: the tables' rows are looked up, not
+    multiplied, and a tied head shares the token table)."""
+    return sum(p.numel() for kind, params in partition_parameters(model).items() if kind != "embeddings"
+               for p in params)
+
+
+def time_shape(settings: dict[str, Any], shape: Shape, train_args: TrainArguments, block_size: int,
+               device: torch.device) -> tuple[float, int]:
+    """(seconds, non-embedding parameters): seconds of one optimizer step (forward and backward of each accumulated
+    micro-batch, then the run's optimizer) of a model of ``settings`` at ``shape``, on random tokens: the median of
+    TIMED_STEPS after WARM_STEPS. The global RNG is restored after, so that the run's own initialisation does not
+    depend on the timing."""
+    rng = torch.get_rng_state()
+    try:
+        candidate = MiniTxConfig(**{**settings, **shape.settings()})
+        model: nn.Module = MiniTxForCausalLM(candidate).to(device).train()
+        optimizer = build_optimizer(model, train_args)
+        ids = torch.randint(0, candidate.vocab_size, (train_args.per_device_train_batch_size, block_size),
+                            device=device)  # (rows, block)
+        times = []
+        for _ in range(WARM_STEPS + TIMED_STEPS):
+            begin = time.perf_counter()
+            for _ in range(train_args.gradient_accumulation_steps):
+                model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            times.append(time.perf_counter() - begin)
+        return statistics.median(times[WARM_STEPS:]), non_embedding_parameters(model)
+    finally:
+        torch.set_rng_state(rng)

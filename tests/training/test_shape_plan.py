@@ -1,0 +1,154 @@
+"""The model a time budget buys (hf_minitx.training.shape_plan): with --max_minutes and no preset or shape, the run
+times candidate shapes and takes the largest its budget and corpus can feed; the choice is recorded, and a resumed
+run keeps it. And what else a user's budget run does by default: it evaluates every quarter of its plan."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from test_budget import TickingClock
+from test_budget_resume import Killed, _reset_accelerate
+from test_train import _fresh_accelerate_state, text_file  # noqa: F401  (fixtures)
+
+from hf_minitx.training import loop, shape_plan
+from hf_minitx.training.arguments import DataArguments, ModelArguments, TrainArguments
+from hf_minitx.training.shape_plan import (
+    SHAPES,
+    TOKENS_PER_PARAMETER,
+    Shape,
+    effective_tokens,
+    plan_shape,
+    plans_shape,
+)
+
+SETTINGS = {"vocab_size": 300, "max_position_embeddings": 64, "position_embedding_type": "rope",
+            "norm_type": "rmsnorm", "hidden_act": "relu2", "qk_norm": True}
+
+
+@pytest.fixture
+def timed(monkeypatch):
+    """A machine where a step costs in proportion to the shape's multiply-adds (a model's parameters are its real
+    count): the rule, not the clock, is under test. Yields the shapes timed."""
+    calls = []
+
+    def timing(settings, shape, train_args, block_size, device):
+        calls.append(shape)
+        parameters = shape_plan.non_embedding_parameters(shape_plan.MiniTxForCausalLM(
+            shape_plan.MiniTxConfig(**{**settings, **shape.settings()})))
+        return 2e-6 * shape.layers * shape.hidden ** 2, parameters
+
+    monkeypatch.setattr(shape_plan, "time_shape", timing)
+    return calls
+
+
+def _choose(minutes: float, corpus_tokens: int) -> shape_plan.ShapePlan:
+    args = TrainArguments(max_minutes=minutes)
+    batches = math.ceil(corpus_tokens / (args.per_device_train_batch_size * 128))
+    return plan_shape(SETTINGS, args, 128, batches, corpus_tokens, device="cpu")
+
+
+def test_a_longer_budget_or_a_larger_corpus_buys_a_larger_model(timed):
+    small, large = _choose(10, 100_000), _choose(10, 5_000_000)
+    assert SHAPES.index(large.chosen) > SHAPES.index(small.chosen)
+    short = _choose(1, 500_000)
+    timed.clear()
+    long = _choose(30, 500_000)
+    assert SHAPES.index(long.chosen) > SHAPES.index(short.chosen)
+    record = long.record()
+    assert record["chosen"] == long.chosen.name and record["settings"]["hidden_size"] == long.chosen.hidden
+    chosen = next(c for c in record["candidates"] if c["shape"] == long.chosen.name)
+    assert chosen["tokens_per_parameter"] >= TOKENS_PER_PARAMETER
+    assert record["candidates"][-1]["tokens_per_parameter"] < TOKENS_PER_PARAMETER  # the timing stopped there
+    assert len(timed) == len(record["candidates"]) < len(SHAPES)  # larger ones were never built
+
+
+def test_repeated_tokens_are_worth_less_than_new_ones():
+    assert effective_tokens(0.5, 1000) == 500 and effective_tokens(1.0, 1000) == 1000
+    assert 6_500 < effective_tokens(8.0, 1000) < 6_700  # eight passes are worth about 6.6 (Muennighoff et al.)
+    assert effective_tokens(100.0, 1000) < 1000 * 16.4 < 1000 * 100  # one model's ceiling, about 16 passes' worth
+
+
+@pytest.mark.parametrize(("model", "data", "train", "expected"), [
+    ({}, {}, {"max_minutes": 3}, True),
+    ({"preset": "tiny"}, {}, {"max_minutes": 3}, False),
+    ({"config_overrides": "hidden_size=96"}, {}, {"max_minutes": 3}, False),
+    ({"config_overrides": "hidden_dropout=0.1"}, {}, {"max_minutes": 3}, True),  # not a shape
+    ({}, {}, {}, False),  # no budget: tiny, as ever
+    ({}, {"task": "seq2seq"}, {"max_minutes": 3}, False),
+])
+def test_only_a_budget_without_a_preset_or_a_shape_plans_the_shape(model, data, train, expected):
+    assert plans_shape(ModelArguments(**model), DataArguments(**data), TrainArguments(**train)) is expected
+
+
+def test_time_shape_times_a_real_step_and_leaves_the_rng_alone():
+    import torch
+
+    torch.manual_seed(3)
+    before = torch.rand(1)
+    torch.manual_seed(3)
+    seconds, parameters = shape_plan.time_shape(SETTINGS, Shape(1, 32, 2), TrainArguments(), 16, "cpu")
+    assert torch.equal(torch.rand(1), before) and seconds > 0
+    model = shape_plan.MiniTxForCausalLM(shape_plan.MiniTxConfig(**{**SETTINGS, **Shape(1, 32, 2).settings()}))
+    total = sum(p.numel() for p in model.parameters())
+    assert parameters == total - 300 * 32 > 6 * 32 * 32  # the token table left out; q/k/v/o, fc1/fc2 and norms in
+
+
+SMALL = (Shape(1, 16, 2), Shape(2, 32, 2), Shape(2, 48, 2))
+
+
+def planned_args(text_file: Path, out: Path, *extra: str) -> list[str]:  # noqa: F811
+    """A run with a budget, no preset and no shape: the plan chooses among SMALL."""
+    return ["--task", "causal-lm", "--dataset", str(text_file), "--config_overrides", "max_position_embeddings=64",
+            "--tokenizer_vocab_size", "300", "--block_size", "32", "--output_dir", str(out), "--max_minutes", "0.1",
+            "--logging_steps", "1", "--eval_steps", "0", "--max_eval_samples", "16", "--num_sample_generations", "0",
+            "--disable_tqdm", "--num_threads", "1", *extra]
+
+
+def test_a_planned_run_records_its_choice_and_a_resume_keeps_it(text_file, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(shape_plan, "SHAPES", SMALL)
+    monkeypatch.setattr(shape_plan, "time_shape", lambda settings, shape, *a: (
+        {16: 0.001, 32: 0.002, 48: 0.5}[shape.hidden], 1000 * shape.hidden))  # 48 wide: too slow for the budget
+    out = tmp_path / "run"
+    real_time, real_rotate = loop.time, loop.rotate_checkpoints
+
+    def rotate_then_die(*args, **kwargs):
+        real_rotate(*args, **kwargs)
+        raise Killed
+
+    loop.time, loop.rotate_checkpoints = TickingClock(0.004), rotate_then_die
+    try:
+        _reset_accelerate()
+        with pytest.raises(Killed):
+            loop.main(planned_args(text_file, out, "--checkpointing_steps", "30"))
+    finally:
+        loop.time, loop.rotate_checkpoints = real_time, real_rotate
+        _reset_accelerate()
+    state = json.loads((out / "checkpoint-30" / "run_state.json").read_text())
+    assert state["shape_plan"]["chosen"] == "2 x 32"
+    # timed again, the 48-wide shape would now fit: the resumed run keeps the shape its checkpoint chose
+    monkeypatch.setattr(shape_plan, "time_shape", lambda *a: pytest.fail("a resumed run times no shape"))
+    loop.time = TickingClock(0.004)
+    try:
+        loop.main(planned_args(text_file, out, "--resume_from_checkpoint", "latest"))
+    finally:
+        loop.time = real_time
+    summary = json.loads((out / "training_summary.json").read_text())
+    config = json.loads((out / "config.json").read_text())
+    assert summary["shape_plan"]["chosen"] == "2 x 32" and summary["preset"] is None
+    assert [c["shape"] for c in summary["shape_plan"]["candidates"]] == ["1 x 16", "2 x 32", "2 x 48"]
+    assert (config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]) == (32, 2, 32)
+    card = (out / "README.md").read_text()
+    assert "2 x 32" in card and "chosen by the time budget" in card
+
+
+@pytest.mark.parametrize(("given", "minutes", "expected"), [(None, 3.0, 0.25), (None, None, 200), (0, 3.0, 0),
+                                                            (50, 3.0, 50)])
+def test_a_budget_evaluates_every_quarter_of_its_plan_unless_told(given, minutes, expected):
+    from hf_minitx.training.run_plan import default_eval_steps
+
+    args = TrainArguments(eval_steps=given, max_minutes=minutes)
+    default_eval_steps(args)
+    assert args.eval_steps == expected
