@@ -51,7 +51,7 @@ from .checkpoints import (
 from .distill import check_distill_arguments, teacher_identity, teacher_record
 from .loss import Objective
 from .outputs import SUMMARY_FILE
-from .shape_plan import SHAPE_PLAN, plans_shape
+from .shape_plan import SHAPE_PLAN, plans_shape, shape_given
 
 DISTILLATION = "distillation"  # run identity key: the teacher's weights digest, alpha and T (None: no teacher)
 TOKENIZER_IDS = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
@@ -152,10 +152,11 @@ def default_eval_steps(train_args: TrainArguments) -> None:
 
 
 def take_planned_shape(plan: RunPlan) -> None:
-    """A resumed run that would choose its shape takes the one its checkpoint's run chose (timing again could
-    choose another): the recorded settings, before the checkpoint's identity is compared."""
+    """A resumed run that names no shape takes the one its checkpoint's run chose, if it chose one (timing again
+    could choose another; the recorded budget may be taken up without --max_minutes): the recorded settings,
+    before the checkpoint's identity is compared."""
     recorded = plan.resume_state.get(SHAPE_PLAN)
-    if not plan.plans_shape or not recorded:
+    if shape_given(plan.model_args) or not recorded:
         return
     plan.plans_shape, plan.shape_plan = False, recorded
     plan.settings.update(recorded["settings"])

@@ -77,12 +77,17 @@ class ShapePlan:
                         "per parameter (repeated tokens discounted)"}
 
 
+def shape_given(model_args: ModelArguments) -> bool:
+    """Whether the run names its shape: a --preset, or a shape field in --config_overrides."""
+    overrides = parse_config_overrides(model_args.config_overrides)
+    return model_args.preset is not None or any(name in overrides for name in SHAPE_FIELDS)
+
+
 def plans_shape(model_args: ModelArguments, data_args: DataArguments, train_args: TrainArguments) -> bool:
     """A new causal-lm run with a time budget, no --preset and no shape in --config_overrides chooses its shape
-    (a resumed one takes the shape its checkpoint recorded)."""
-    overrides = parse_config_overrides(model_args.config_overrides)
-    return (model_args.preset is None and train_args.max_minutes is not None and data_args.task == "causal-lm"
-            and not data_args.streaming and not any(name in overrides for name in SHAPE_FIELDS))
+    (a resumed one takes the shape its checkpoint recorded, with or without --max_minutes)."""
+    return (not shape_given(model_args) and train_args.max_minutes is not None and data_args.task == "causal-lm"
+            and not data_args.streaming)
 
 
 def effective_tokens(passes: float, corpus_tokens: int) -> float:
