@@ -28,6 +28,7 @@ from torch import nn
 
 from ..models import MiniTxConfig, MiniTxForCausalLM
 from .arguments import DataArguments, ModelArguments, TrainArguments, parse_config_overrides
+from .budget import MARGIN
 from .optim import build_optimizer, partition_parameters
 
 SHAPE_PLAN = "shape_plan"  # run state and summary key: the shape a time budget chose, the candidates and why
@@ -122,7 +123,7 @@ def plan_shape(settings: dict[str, Any], train_args: TrainArguments, block_size:
         step_seconds, parameters = time_shape(settings, shape, train_args, block_size, device)
         if reduce is not None:
             step_seconds = float(reduce(torch.tensor(step_seconds, device=device), "mean").item())
-        left = budget - (time.perf_counter() - started)
+        left = budget * (1.0 - MARGIN) - (time.perf_counter() - started)  # the time plan keeps the same margin
         steps = max(0, math.floor(left / step_seconds))
         passes = steps * train_args.gradient_accumulation_steps / max(batches_per_epoch, 1)
         tokens = effective_tokens(passes, corpus_tokens)
