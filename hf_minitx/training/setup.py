@@ -56,7 +56,6 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
         check_teacher_vocabulary(train_args.distill_from, tokenizer)
     with accelerator.main_process_first():
         data = prepare_data(corpus, tokenizer, plan)
-
     batches_per_epoch = None if plan.data_args.streaming else StepIndexedBatchSampler(
         len(data.train), train_args.per_device_train_batch_size, num_processes=accelerator.num_processes,
         window=shift_window(plan),
