@@ -169,9 +169,14 @@ def _shape_plan_rows(shape_plan: dict | None) -> list[tuple[str, str]]:
     """The shape a time budget chose, the candidates it timed and the rule (none for a shape given by hand)."""
     if not isinstance(shape_plan, dict):
         return []
-    timed = "; ".join(f"{c['shape']}: {c['seconds_per_step'] * 1000:.0f} ms a step, {c['planned_passes']:g} passes, "
-                      f"{c['tokens_per_parameter']:g} tokens per parameter" for c in shape_plan.get("candidates", []))
+    timed = describe_shape_candidates(shape_plan.get("candidates", []))
     return [("Shape", f"{shape_plan.get('chosen')}, chosen by the time budget: {shape_plan.get('rule')} ({timed})")]
+
+
+def describe_shape_candidates(candidates: list[dict]) -> str:
+    """One line of the shapes a time budget timed: step time, planned passes, effective tokens per parameter."""
+    return "; ".join(f"{c['shape']}: {c['seconds_per_step'] * 1000:.0f} ms a step, {c['planned_passes']:g} passes, "
+                     f"{c['tokens_per_parameter']:g} tokens per parameter" for c in candidates)
 
 
 def _budget_rows(summary: dict) -> list[tuple[str, str]]:

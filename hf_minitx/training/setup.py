@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
 from ..device import keep_freed_memory, pick_device
+from ..hub.card import describe_shape_candidates
 from ..inference import non_finite_weights
 from ..models import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration
 from .arguments import DEFAULT_PRESET, TrainArguments
@@ -138,9 +139,8 @@ def choose_planned_shape(plan: RunPlan, tokenizer: PreTrainedTokenizerBase, acce
     plan.settings.update(chosen.chosen.settings())
     plan.config = build_config(plan.settings, DEFAULT_PRESET)
     plan.shape_plan = chosen.record()
-    timed = "; ".join(f"{c['shape']}: {c['seconds_per_step'] * 1000:.0f} ms a step, {c['planned_passes']:g} passes, "
-                      f"{c['tokens_per_parameter']:g} tokens per parameter" for c in chosen.candidates)
-    accelerator.print(f"the time budget chose {chosen.chosen.name} ({plan.shape_plan['rule']}): {timed}")
+    accelerator.print(f"the time budget chose {chosen.chosen.name} ({plan.shape_plan['rule']}): "
+                      f"{describe_shape_candidates(chosen.candidates)}")
     return chosen.seconds
 
 

@@ -75,7 +75,7 @@ class ShapePlan:
         return {"chosen": self.chosen.name, "settings": self.chosen.settings(),
                 "timing_seconds": round(self.seconds, 2), "candidates": self.candidates,
                 "rule": f"the largest candidate planned to see at least {TOKENS_PER_PARAMETER:g} effective tokens "
-                        "per parameter (repeated tokens discounted)"}
+                        "per non-embedding parameter (repeated tokens discounted)"}
 
 
 def shape_given(model_args: ModelArguments) -> bool:
