@@ -49,9 +49,10 @@ def tiny_config(**overrides):
     return MiniTxConfig(**values)
 
 
-# Every architecture option of issue 21 at once (zero_init_head left out: zero logits would make parity vacuous).
+# Every architecture option at once, the extra pieces too (zero_init_head left out: zero logits would make parity
+# vacuous).
 ALL_OPTIONS = dict(norm_type="rmsnorm", hidden_act="swiglu", qk_norm=True, tie_word_embeddings=False,
-                   final_logit_softcap=0.5)
+                   final_logit_softcap=0.5, attention_gate=True, value_embeddings=True, unet_skips=True)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import eval_results_to_model_index, model_index_to_eval_results
 
 from ..folders import write_file
-from ..models.configuration_minitx import NORM_TYPES, POSITION_KINDS, PositionKind
+from ..models.configuration_minitx import EXTRA_PIECES, NORM_TYPES, POSITION_KINDS, PositionKind
 from .folder import AUTO_CLASSES, ModelFolderError, count_parameters, read_safetensors_header
 
 TEMPLATE_NAME = "model_card.md"
@@ -129,6 +129,9 @@ def _architecture_rows(config: dict, kind: str, num_parameters: int | None) -> l
         ("Parameters", f"{num_parameters:,} ({_human(num_parameters)})" if num_parameters else "unknown"),
         ("Stored dtype", str(config.get("dtype") or config.get("torch_dtype") or "float32")),
     ]
+    extras = [what for key, what in EXTRA_PIECES.items() if config.get(key)]  # config.EXTRA_PIECES that are on
+    if extras:
+        rows.insert(-4, ("Extra pieces", "; ".join(extras)))
     return rows
 
 

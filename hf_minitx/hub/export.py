@@ -19,6 +19,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from ..folders import output_folder, write_folder, write_marker
+from ..models.configuration_minitx import EXTRA_PIECES
 
 STOCK_TARGETS = ("qwen3", "llama", "gpt2")
 TARGETS = (*STOCK_TARGETS, "gguf")
@@ -61,6 +62,8 @@ def _field_problems(config: PretrainedConfig, target: str) -> list[tuple[str, ob
     if target == "gpt2" and config.hidden_act not in GPT2_ACTIVATIONS:
         problems.append(("hidden_act", config.hidden_act, "GPT-2 has no gated feed-forward; "
                          + override("hidden_act", "gelu")))
+    problems += [(key, True, f"{name} has no {what}; {override(key, False)}")
+                 for key, what in EXTRA_PIECES.items() if getattr(config, key, False)]
     if config.scale_embeddings and config.tie_word_embeddings:
         problems.append(("scale_embeddings", True, f"{name} does not scale embeddings, and with a tied head the scale "
                          "cannot be folded into them; " + override("scale_embeddings", False)))

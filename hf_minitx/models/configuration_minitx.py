@@ -42,8 +42,15 @@ POSITION_KINDS = {
 }
 POSITION_EMBEDDING_TYPES = tuple(POSITION_KINDS)
 IGNORE_INDEX = -100  # label value the loss skips (padding, prompt tokens)
+# The optional pieces of the data-limited recipes: each a bool field, off by default, and how the card names it.
+# Stock architectures have none of them (hub/export.py refuses a model that has one on).
+EXTRA_PIECES = {
+    "attention_gate": "a per-head sigmoid gate on each attention output",
+    "value_embeddings": "values plus a projection of the token embeddings",
+    "unet_skips": "U-net skips from the first half of the layers to the second",
+}
 BOOL_FIELDS = ("attention_bias", "scale_embeddings", "tie_word_embeddings", "is_encoder_decoder", "use_cache",
-               "qk_norm", "zero_init_head", "zero_init_projections")
+               "qk_norm", "zero_init_head", "zero_init_projections", *EXTRA_PIECES)
 HF_KEYWORDS = ("tie_encoder_decoder",)  # PretrainedConfig keywords that look like one of our fields
 # other architectures' names for our fields (GPT-2, T5/BART, Llama): a keyword of theirs is named with ours
 OTHER_NAMES = {"n_layer": "num_hidden_layers", "num_layers": "num_hidden_layers", "n_head": "num_attention_heads",
@@ -82,6 +89,12 @@ class MiniTxConfig(PretrainedConfig):
         zero_init_projections: start the output projection of every sub-layer (attention `o_proj`, feed-forward
             `fc2`) at zero, so each block starts as the identity and the residual stream as the embeddings.
         final_logit_softcap: None, or a cap c > 0: logits = c * tanh(logits / c) stay inside (-c, c).
+        attention_gate: multiply each head's attention output by sigmoid of a projection of the layer's input
+            (`head_gate`, one value per head and position), before `o_proj`.
+        value_embeddings: add to each self-attention layer's values a projection (`value_embed_proj`) of the
+            token embeddings, normalised: every layer reads the tokens themselves as well as the residual stream.
+        unet_skips: add the output of each layer of the first half to the input of its mirror in the second half
+            (the first layer's to the last), times a learned weight per skip (`unet_skips.weight`, starting at 1).
         position_embedding_type: "sinusoidal" (the paper), "learned" (GPT-2) or "rope" (rotary).
         rope_theta: base of the rotary frequencies.
         hidden_dropout: dropout on embeddings and on each sub-layer output before the residual add.
@@ -115,6 +128,9 @@ class MiniTxConfig(PretrainedConfig):
     zero_init_head: bool = False
     zero_init_projections: bool = False
     final_logit_softcap: float | None = None
+    attention_gate: bool = False
+    value_embeddings: bool = False
+    unet_skips: bool = False
     position_embedding_type: str = "learned"
     rope_theta: float = 10000.0
     hidden_dropout: float = 0.0
@@ -278,4 +294,4 @@ class MiniTxConfig(PretrainedConfig):
                              f"(e.g. 30.0), got {cap!r}.")
 
 
-__all__ = ["MiniTxConfig", "IGNORE_INDEX", "POSITION_KINDS"]
+__all__ = ["MiniTxConfig", "IGNORE_INDEX", "POSITION_KINDS", "EXTRA_PIECES"]

@@ -149,6 +149,11 @@ class MiniTxAttention(nn.Module):
         # QK-norm: per-head norms of queries and keys (None when off: no parameters, no saved keys, no call)
         self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else None
         self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else None
+        # the optional pieces (config.EXTRA_PIECES); None when off
+        self.head_gate = (nn.Linear(config.hidden_size, config.num_attention_heads, bias=bias)
+                          if config.attention_gate else None)
+        self.value_embed_proj = (nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=False)
+                                 if config.value_embeddings and not is_cross_attention else None)
 
     def _split_heads(self, projected: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
         """(batch, seq, heads * head_dim) projections -> (batch, heads, seq, head_dim); `norm` (QK-norm) acts on
@@ -178,9 +183,12 @@ class MiniTxAttention(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         key_value_states: torch.Tensor | None = None,
         cache: Cache | None = None,
+        token_embeddings: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from `hidden_states` (batch, q_len, hidden) to itself or to `key_value_states` (batch, src, hidden).
 
+        `token_embeddings` (batch, q_len, hidden): the normalised token embeddings of the new positions, which
+        `config.value_embeddings` adds to the values through `value_embed_proj`.
         Returns the output (batch, q_len, hidden) and the attention weights (eager only, else None).
         """
         batch, q_len, _ = hidden_states.shape
@@ -189,6 +197,8 @@ class MiniTxAttention(nn.Module):
             key, value = self._cross_key_value(key_value_states, cache)
         else:
             query, key, value = self.query_key_value(hidden_states)  # each (batch, q_len, heads * head_dim)
+            if self.value_embed_proj is not None:
+                value = value + self.value_embed_proj(token_embeddings)  # (batch, q_len, kv_heads * head_dim)
             query, key = self._split_heads(query, self.q_norm), self._split_heads(key, self.k_norm)
             value = self._split_heads(value)  # query (batch, heads, q_len, head_dim), key and value with kv_heads
             if position_embeddings is not None:
@@ -204,6 +214,8 @@ class MiniTxAttention(nn.Module):
             self, query, key, value, attention_mask,
             scaling=self.scaling, dropout=self.config.attention_dropout if self.training else 0.0,
         )
+        if self.head_gate is not None:  # one gate per head and position, from the layer's input
+            output = output * torch.sigmoid(self.head_gate(hidden_states))[..., None]  # (batch, q_len, heads, head_dim)
         output = output.reshape(batch, q_len, -1)  # (batch, q_len, heads * head_dim)
         return self.o_proj(output), weights
 
@@ -250,6 +262,28 @@ class MiniTxMLP(nn.Module):
         return self.fc2(inner)
 
 
+class MiniTxUNetSkips(nn.Module):
+    """`config.unet_skips`: layer i of the first half hands its output, times a learned weight, to the input of its
+    mirror n - 1 - i in the second half, so the last layers read the first layers' states directly."""
+
+    def __init__(self, num_layers: int):
+        super().__init__()
+        self.num_layers = num_layers
+        self.weight = nn.Parameter(torch.ones(num_layers // 2))  # one per skip, the first layer's first
+
+    def add_skip(self, layer_idx: int, hidden_states: torch.Tensor, kept: list[torch.Tensor]) -> torch.Tensor:
+        """The input (batch, seq, hidden) of layer `layer_idx`, plus its mirror's weighted output if it has one."""
+        mirror = self.num_layers - 1 - layer_idx
+        if mirror < self.weight.numel():
+            hidden_states = hidden_states + self.weight[mirror] * kept[mirror]
+        return hidden_states
+
+    def keep(self, layer_idx: int, hidden_states: torch.Tensor, kept: list[torch.Tensor]) -> None:
+        """Keep the output of a first-half layer for its mirror."""
+        if layer_idx < self.weight.numel():
+            kept.append(hidden_states)
+
+
 class MiniTxLayerBase(GradientCheckpointingLayer):
     """Residual + norm around each sub-layer, pre-LN (x + f(LN(x))) or post-LN (LN(x + f(x))).
 
@@ -288,10 +322,12 @@ class MiniTxEncoderLayer(MiniTxLayerBase):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        token_embeddings: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(batch, seq, hidden) -> (batch, seq, hidden), and the self-attention weights (eager only)."""
         attended, weights = self.self_attn(
-            self.norm_input(hidden_states, self.self_attn_layer_norm), attention_mask, position_embeddings)
+            self.norm_input(hidden_states, self.self_attn_layer_norm), attention_mask, position_embeddings,
+            token_embeddings=token_embeddings)
         hidden_states = self.add_residual(hidden_states, attended, self.self_attn_layer_norm)
         hidden_states = self.add_residual(
             hidden_states, self.mlp(self.norm_input(hidden_states, self.mlp_layer_norm)), self.mlp_layer_norm)
@@ -319,11 +355,12 @@ class MiniTxDecoderLayer(MiniTxLayerBase):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
+        token_embeddings: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(batch, q_len, hidden) -> (batch, q_len, hidden), self-attention and cross-attention weights."""
         attended, self_weights = self.self_attn(
             self.norm_input(hidden_states, self.self_attn_layer_norm), attention_mask, position_embeddings,
-            cache=cache)
+            cache=cache, token_embeddings=token_embeddings)
         hidden_states = self.add_residual(hidden_states, attended, self.self_attn_layer_norm)
         cross_weights = None
         if encoder_hidden_states is not None:
@@ -337,4 +374,4 @@ class MiniTxDecoderLayer(MiniTxLayerBase):
 
 
 __all__ = ["NORMS", "ACTIVATIONS", "MiniTxRMSNorm", "make_norm", "relu_squared", "MiniTxAttention", "MiniTxMLP",
-           "MiniTxEncoderLayer", "MiniTxDecoderLayer"]
+           "MiniTxUNetSkips", "MiniTxEncoderLayer", "MiniTxDecoderLayer"]

@@ -32,7 +32,7 @@ from .attention_minitx import cross_attention_mask, self_attention_mask
 from .checks_minitx import check_inputs, check_labels, check_lengths, check_model_kind, encoder_padding
 from .configuration_minitx import IGNORE_INDEX, MiniTxConfig
 from .decoding_minitx import CACHE_NAME, cache_argument
-from .layers_minitx import MiniTxDecoderLayer, MiniTxEncoderLayer, MiniTxRMSNorm, make_norm
+from .layers_minitx import MiniTxDecoderLayer, MiniTxEncoderLayer, MiniTxRMSNorm, MiniTxUNetSkips, make_norm
 from .lm_head_minitx import MiniTxLMHeadMixin
 from .positions_minitx import (
     POSITION_ENCODINGS,
@@ -102,7 +102,7 @@ class MiniTxPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
-        elif isinstance(module, MiniTxRMSNorm):
+        elif isinstance(module, (MiniTxRMSNorm, MiniTxUNetSkips)):
             init.ones_(module.weight)
         elif isinstance(module, MiniTxPositionalEmbedding):
             if module.learned:
@@ -135,6 +135,7 @@ class MiniTxStack(nn.Module):
         layer_cls, num_layers = ((MiniTxDecoderLayer, config.num_hidden_layers) if is_decoder
                                  else (MiniTxEncoderLayer, config.num_encoder_layers))
         self.layers = nn.ModuleList(layer_cls(config, layer_idx) for layer_idx in range(num_layers))
+        self.unet_skips = MiniTxUNetSkips(num_layers) if config.unet_skips else None
         # Post-LN ends every layer with a LayerNorm already; pre-LN needs one at the end of the stack.
         self.norm = make_norm(config) if config.norm_position == "pre" else None
 
@@ -229,16 +230,26 @@ class MiniTxStack(nn.Module):
         hidden_states, position_embeddings = getattr(self, self.positions_attribute).add_positions(
             inputs_embeds, position_ids)
         hidden_states = self.dropout(hidden_states)
+        # config.value_embeddings: every layer's values read the normalised token embeddings too
+        token_embeddings = nn.functional.rms_norm(inputs_embeds, (self.config.hidden_size,)) \
+            if self.config.value_embeddings else None
+        first_half = []  # config.unet_skips: the first half's outputs
 
         all_states = [hidden_states] if output_hidden_states else None
         all_attentions = [] if output_attentions else None
         all_cross = [] if output_attentions and encoder_hidden_states is not None else None
-        for layer in self.layers:
+        for layer_idx, layer in enumerate(self.layers):
+            if self.unet_skips is not None:
+                hidden_states = self.unet_skips.add_skip(layer_idx, hidden_states, first_half)
             if self.is_decoder:
-                hidden_states, weights, cross_weights = layer(
-                    hidden_states, mask, position_embeddings, encoder_hidden_states, cross_mask, cache=cache)
+                hidden_states, weights, cross_weights = layer(hidden_states, mask, position_embeddings,
+                                                              encoder_hidden_states, cross_mask, cache,
+                                                              token_embeddings)
             else:
-                (hidden_states, weights), cross_weights = layer(hidden_states, mask, position_embeddings), None
+                (hidden_states, weights), cross_weights = layer(
+                    hidden_states, mask, position_embeddings, token_embeddings), None
+            if self.unet_skips is not None:
+                self.unet_skips.keep(layer_idx, hidden_states, first_half)
             for kept, value in ((all_states, hidden_states), (all_attentions, weights), (all_cross, cross_weights)):
                 if kept is not None:
                     kept.append(value)

@@ -131,6 +131,8 @@ def check_training_arguments(train_args: TrainArguments) -> None:
                              f"{getattr(train_args, name)}")
     if not 0.0 <= train_args.label_smoothing < 1.0:
         raise ValueError(f"--label_smoothing must be in [0, 1), got {train_args.label_smoothing}")
+    if not 0.0 <= train_args.input_noise < 1.0:
+        raise ValueError(f"--input_noise must be in [0, 1) (0: off), got {train_args.input_noise}")
     if not 0.0 <= train_args.late_dropout < 1.0:
         raise ValueError(f"--late_dropout must be in [0, 1) (0: off), got {train_args.late_dropout}")
     if not train_args.late_dropout_passes > 0:

@@ -26,7 +26,7 @@ import yaml
 from ..models import MiniTxConfig
 
 PRESETS = resources.files(__package__) / "presets"  # JSON files shipped inside the package
-DEFAULT_PRESET = "tiny"  # the blocks of a run without --preset (a time budget then chooses the shape)
+DEFAULT_PRESET = "default"  # the blocks of a run without --preset (a time budget then chooses the shape)
 ARGS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
 
 
@@ -37,8 +37,9 @@ class ModelArguments:
     preset: str | None = field(
         default=None,
         metadata={"help": "Model shape: a preset name (tiny, small, gpt2-small, base, ...) or the path of a JSON file "
-                          "of MiniTxConfig fields. None: tiny's blocks, and with --max_minutes (causal-lm) the time "
-                          "budget chooses the width and depth (docs/training.md)."},
+                          "of MiniTxConfig fields. None: the default preset (Qwen3's blocks, which export), and with "
+                          "--max_minutes (causal-lm) the time budget chooses the width and depth "
+                          "(docs/training.md)."},
     )
     config_overrides: str | None = field(
         default=None,
@@ -211,6 +212,11 @@ class TrainArguments:
     )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0 disables)."})
     label_smoothing: float = field(default=0.0, metadata={"help": "Label smoothing of the training loss (paper: 0.1)."})
+    input_noise: float = field(
+        default=0.0, metadata={"help": "causal-lm: share of the input tokens replaced, at each training step, by "
+                                       "tokens drawn from the same batch; the targets are kept, so each pass over a "
+                                       "small corpus reads other contexts (0: off)."}
+    )
     late_dropout: float | None = field(
         default=None, metadata={"help": "Dropout on the embeddings and on each sub-layer's output, switched on once "
                                         "the run has passed over its training data --late_dropout_passes times: a "

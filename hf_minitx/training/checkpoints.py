@@ -241,8 +241,9 @@ def check_compatible(checkpoint: Path, stored: dict[str, Any], expected: dict[st
 SPLIT_FIELDS = ("seed", "validation_split", "streaming")  # what defines the validation split, besides the files
 INPUT_FILES = "input_files"  # run identity key: {path: fingerprint} of the local files the run reads
 RECIPE = "recipe"  # run identity key: the optimizer, its rates and decays, the schedule (prepare.optimizer_recipe)
-RECORDED_SINCE = {"late_dropout": 0.0, "embedding_weight_decay": 0.0,
-                  "cautious_weight_decay": False}  # recipe fields older checkpoints lack: what those runs trained with
+# recipe fields older checkpoints lack: what those runs trained with
+RECORDED_SINCE = {"late_dropout": 0.0, "embedding_weight_decay": 0.0, "cautious_weight_decay": False,
+                  "input_noise": 0.0}
 
 
 def _recorded_inputs(stored: dict[str, Any]) -> dict[str, str]:

@@ -87,6 +87,19 @@ def summed_kl_divergence(
     return nn.functional.kl_div(student, teacher, reduction="sum", log_target=True)
 
 
+def replace_tokens(input_ids: torch.LongTensor, share: float) -> torch.LongTensor:
+    """(batch, seq) ids with each replaced, with probability `share`, by a token drawn from the same batch: noise
+    with the text's own unigram frequencies (Xie et al., 2017), which needs no vocabulary size.
+
+    The draws come from torch's global generator, which checkpoints save and a resume restores, so a resumed run
+    replaces the same tokens as an unbroken one.
+    """
+    replaced = torch.rand(input_ids.shape, device=input_ids.device) < share  # (batch, seq)
+    flat = input_ids.reshape(-1)  # (batch * seq,)
+    drawn = flat[torch.randint(flat.numel(), input_ids.shape, device=input_ids.device)]  # (batch, seq)
+    return torch.where(replaced, drawn, input_ids)
+
+
 @dataclass(frozen=True)
 class Objective:
     """How a task is scored, decided once from ``--task`` and the model's config.
@@ -100,13 +113,17 @@ class Objective:
     label_smoothing: float = 0.0
     decoder_start_token_id: int | None = None
     pad_token_id: int | None = None
+    input_noise: float = 0.0  # causal-lm: share of the input tokens replaced by others (--input_noise)
 
     @classmethod
-    def for_task(cls, task: str, label_smoothing: float = 0.0, config: MiniTxConfig | None = None) -> Objective:
+    def for_task(cls, task: str, label_smoothing: float = 0.0, config: MiniTxConfig | None = None,
+                 input_noise: float = 0.0) -> Objective:
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+        if input_noise and task != "causal-lm":
+            raise ValueError(f"--input_noise replaces causal-lm input tokens; with --task {task} leave it out")
         if task == "causal-lm":
-            return cls(shift=True, label_smoothing=label_smoothing)
+            return cls(shift=True, label_smoothing=label_smoothing, input_noise=input_noise)
         if config is None:
             raise ValueError("a seq2seq objective needs the model's config for its decoder start and pad ids")
         return cls.for_seq2seq(config, label_smoothing)
@@ -117,9 +134,12 @@ class Objective:
                    decoder_start_token_id=config.decoder_start_token_id, pad_token_id=config.pad_token_id)
 
     def model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """What the model is called with: the batch without its labels, so the loss is computed once, here.
-        A seq2seq decoder reads the labels moved one place right (teacher forcing)."""
+        """What the model is trained on: the batch without its labels, so the loss is computed once, here.
+        A seq2seq decoder reads the labels moved one place right (teacher forcing); with ``input_noise``, a
+        causal model reads some input tokens replaced (`replace_tokens`) and is still scored on the true ones."""
         inputs = {key: value for key, value in batch.items() if key != "labels"}
+        if self.input_noise:
+            inputs["input_ids"] = replace_tokens(inputs["input_ids"], self.input_noise)
         if not self.shift:
             if self.decoder_start_token_id is None or self.pad_token_id is None:
                 raise ValueError("this seq2seq Objective has no decoder start or pad id: build it with "

@@ -109,7 +109,7 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     check_distill_arguments(train_args, data_args.task)
     plan = RunPlan(
         model_args, data_args, train_args, settings, config,
-        objective=Objective.for_task(data_args.task, train_args.label_smoothing, config),
+        objective=Objective.for_task(data_args.task, train_args.label_smoothing, config, train_args.input_noise),
         output_dir=output_path(train_args.output_dir), trackers=parse_trackers(train_args.report_to),
         plans_shape=plans_shape(model_args, data_args, train_args),
     )
@@ -227,7 +227,7 @@ LATE_DROPOUT = 0.1  # causal-lm's default --late_dropout (docs/recipe-log.md: th
 EVAL_STEPS, BUDGET_EVAL_STEPS = 200, 0.25  # default --eval_steps without and with --max_minutes
 RECIPE_FIELDS = ("optimizer", "learning_rate", "weight_decay", "embedding_weight_decay", "adam_beta1", "adam_beta2",
                  "adam_epsilon", "lr_scheduler_type", "warmup_steps", "max_grad_norm", "label_smoothing",
-                 "late_dropout")
+                 "late_dropout", "input_noise")
 RECIPE_FIELDS_OF = {"muon": ("muon_learning_rate", "muon_weight_decay", "muon_momentum", "cautious_weight_decay"),
                     "warmup_stable_decay": ("decay_ratio", "min_lr_ratio"), "late_dropout": ("late_dropout_passes",)}
 

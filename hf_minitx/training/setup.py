@@ -136,9 +136,9 @@ def choose_planned_shape(plan: RunPlan, tokenizer: PreTrainedTokenizerBase, acce
     block = plan.data_args.block_size
     chosen = plan_shape(settings, plan.train_args, block, batches_per_epoch, len(data.train) * block,
                         accelerator.device, reduce=accelerator.reduce if accelerator.num_processes > 1 else None)
-    plan.settings.update(chosen.chosen.settings())
-    plan.config = build_config(plan.settings, DEFAULT_PRESET)
     plan.shape_plan = chosen.record()
+    plan.settings.update(plan.shape_plan["settings"])
+    plan.config = build_config(plan.settings, DEFAULT_PRESET)
     accelerator.print(f"the time budget chose {chosen.chosen.name} ({plan.shape_plan['rule']}): "
                       f"{describe_shape_candidates(chosen.candidates)}")
     return chosen.seconds
@@ -247,6 +247,7 @@ def training_recipe(plan: RunPlan, total_steps: int, num_processes: int) -> dict
                {"max_source_length": data_args.max_source_length, "max_target_length": data_args.max_target_length})
     return {"optimizer": train_args.optimizer, "schedule": describe_schedule(train_args, total_steps),
             "max_grad_norm": train_args.max_grad_norm or None, "label_smoothing": train_args.label_smoothing,
+            "input_noise": train_args.input_noise,
             "per_device_train_batch_size": batch, "gradient_accumulation_steps": train_args.gradient_accumulation_steps,
             "global_batch_size": batch * num_processes * train_args.gradient_accumulation_steps, **lengths}
 

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..models import MiniTxConfig, MiniTxForCausalLM
+from ..models.layers_minitx import ACTIVATIONS
 from .arguments import DataArguments, ModelArguments, TrainArguments, parse_config_overrides
 from .budget import MARGIN
 from .optim import build_optimizer, partition_parameters
@@ -41,8 +42,8 @@ TIMED_STEPS, WARM_STEPS = 5, 3  # per candidate: untimed steps (allocation, cach
 
 @dataclass(frozen=True)
 class Shape:
-    """One candidate: depth x width and heads; the feed-forward is as wide as the model (ReLU^2's best at a fixed
-    wall time: docs/recipe-log.md)."""
+    """One candidate: depth x width and heads; the feed-forward has the parameters of an ungated one as wide as the
+    model (ReLU^2's best at a fixed wall time; SwiGLU's too: docs/recipe-log.md)."""
 
     layers: int
     hidden: int
@@ -52,10 +53,12 @@ class Shape:
     def name(self) -> str:
         return f"{self.layers} x {self.hidden}"
 
-    def settings(self) -> dict[str, int]:
-        """The MiniTxConfig fields of this shape."""
+    def settings(self, hidden_act: str) -> dict[str, int]:
+        """The MiniTxConfig fields of this shape, with a feed-forward of `hidden_act`: as wide as the model, or for a
+        gated one (three matrices instead of two) two thirds of it, rounded to an even size."""
+        gated = ACTIVATIONS[hidden_act].gated
         return {"num_hidden_layers": self.layers, "hidden_size": self.hidden, "num_attention_heads": self.heads,
-                "intermediate_size": self.hidden}
+                "intermediate_size": 2 * round(self.hidden / 3) if gated else self.hidden}
 
 
 SHAPES = (Shape(2, 64, 2), Shape(3, 96, 3), Shape(4, 128, 4), Shape(4, 160, 5), Shape(4, 192, 6), Shape(6, 192, 6),
@@ -67,12 +70,13 @@ class ShapePlan:
     """The candidates timed, the one chosen and why; ``seconds``: what the timing cost (spent from the budget)."""
 
     chosen: Shape
+    hidden_act: str  # the blocks' feed-forward, which sets the shape's feed-forward size
     candidates: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
 
     def record(self) -> dict[str, Any]:
         """For training_summary.json, the run state and the card."""
-        return {"chosen": self.chosen.name, "settings": self.chosen.settings(),
+        return {"chosen": self.chosen.name, "settings": self.chosen.settings(self.hidden_act),
                 "timing_seconds": round(self.seconds, 2), "candidates": self.candidates,
                 "rule": f"the largest candidate planned to see at least {TOKENS_PER_PARAMETER:g} effective tokens "
                         "per non-embedding parameter (repeated tokens discounted)"}
@@ -137,7 +141,7 @@ def plan_shape(settings: dict[str, Any], train_args: TrainArguments, block_size:
                    "planned_steps": t["planned_steps"], "planned_passes": round(t["planned_passes"], 2),
                    "parameters": t["parameters"], "tokens_per_parameter": round(t["tokens_per_parameter"], 2)}
                   for t in timings]
-    return ShapePlan(chosen, candidates, time.perf_counter() - started)
+    return ShapePlan(chosen, settings["hidden_act"], candidates, time.perf_counter() - started)
 
 
 def non_embedding_parameters(model: nn.Module) -> int:
@@ -155,7 +159,7 @@ def time_shape(settings: dict[str, Any], shape: Shape, train_args: TrainArgument
     depend on the timing."""
     rng = torch.get_rng_state()
     try:
-        candidate = MiniTxConfig(**{**settings, **shape.settings()})
+        candidate = MiniTxConfig(**{**settings, **shape.settings(settings["hidden_act"])})
         model: nn.Module = MiniTxForCausalLM(candidate).to(device).train()
         optimizer = build_optimizer(model, train_args)
         ids = torch.randint(0, candidate.vocab_size, (train_args.per_device_train_batch_size, block_size),

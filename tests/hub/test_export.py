@@ -281,8 +281,11 @@ def test_a_qwen3_refusal_suggests_llama_only_where_llama_would_take_the_model():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("preset", "targets"), [("qwen3-style", ("qwen3", "gguf")), ("gpt2-style", ("gpt2",))])
+@pytest.mark.parametrize(("preset", "targets"), [("qwen3-style", ("qwen3", "gguf")), ("gpt2-style", ("gpt2",)),
+                                                 (None, ("qwen3", "gguf"))],
+                         ids=["qwen3-style", "gpt2-style", "the-default-with-a-budget"])
 def test_a_model_trained_with_an_exporting_preset_exports(tmp_path, preset, targets):
+    """The presets that export, and what a run without --preset makes: the budget's shape in Qwen3's blocks."""
     from accelerate.state import AcceleratorState, GradientState
     from transformers import AutoModelForCausalLM
 
@@ -294,19 +297,23 @@ def test_a_model_trained_with_an_exporting_preset_exports(tmp_path, preset, targ
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(TEXTS * 5) + "\n")
     run = tmp_path / "run"
-    train(["--task", "causal-lm", "--dataset", str(corpus), "--preset", preset, "--tokenizer_vocab_size", "300",
-           "--block_size", "32", "--max_steps", "3", "--eval_steps", "0", "--max_eval_samples", "8",
+    length = ["--preset", preset, "--max_steps", "3"] if preset else ["--max_minutes", "0.05"]
+    train(["--task", "causal-lm", "--dataset", str(corpus), *length, "--tokenizer_vocab_size", "300",
+           "--block_size", "32", "--eval_steps", "0", "--max_eval_samples", "8",
            "--num_sample_generations", "0", "--disable_tqdm", "--num_threads", "1", "--output_dir", str(run)])
     model, _ = load_model_folder(run, device="cpu", dtype=torch.float32)
+    if preset is None:
+        assert json.loads((run / "training_summary.json").read_text())["shape_plan"]["chosen"]
     ids = torch.tensor(PROMPT)
     with torch.no_grad():
         expected = model(ids).logits
     for target in targets:
         out = main(["--model", str(run), "--to", target, "--output_dir", str(tmp_path / target)])
         # transformers' GGUF reader takes Qwen3's head size as 128 unless told: the card names the keyword
-        extra = {"gguf_file": "model-f32.gguf", "head_dim": 32} if target == "gguf" else {}
+        head_dim = model.config.head_dim
+        extra = {"gguf_file": "model-f32.gguf", "head_dim": head_dim} if target == "gguf" else {}
         if extra:
-            assert "gguf_file='model-f32.gguf', head_dim=32)" in (out / "README.md").read_text()
+            assert f"gguf_file='model-f32.gguf', head_dim={head_dim})" in (out / "README.md").read_text()
         loaded = AutoModelForCausalLM.from_pretrained(out, **extra).eval()
         assert "minitx" not in type(loaded).__module__
         with torch.no_grad():

@@ -24,6 +24,7 @@ import pytest
 import transformers
 
 from hf_minitx import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration, MiniTxModel
+from hf_minitx.models.configuration_minitx import EXTRA_PIECES
 
 ENV_VAR = "MINITX_TRANSFORMERS_TESTS"
 PACKAGE = "hf_transformers_tests"  # not `tests`: this repository's tests folder is on sys.path as well
@@ -95,9 +96,10 @@ class MiniTxModelTester:
     """Tiny configs and inputs in the shape transformers' mixins ask a model tester for."""
 
     def __init__(self, parent: unittest.TestCase, is_encoder_decoder: bool, batch_size: int = 2,
-                 seq_length: int = 7):
+                 seq_length: int = 7, options: dict | None = None):
         self.parent = parent
         self.is_encoder_decoder = is_encoder_decoder
+        self.options = options or {}  # config fields beyond the defaults (the extra pieces)
         self.batch_size = batch_size
         self.seq_length = seq_length
         self.encoder_seq_length = seq_length
@@ -123,7 +125,7 @@ class MiniTxModelTester:
             num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
             intermediate_size=self.intermediate_size, max_position_embeddings=self.max_position_embeddings,
             is_encoder_decoder=self.is_encoder_decoder, pad_token_id=self.pad_token_id,
-            bos_token_id=self.bos_token_id, eos_token_id=self.eos_token_id,
+            bos_token_id=self.bos_token_id, eos_token_id=self.eos_token_id, **self.options,
         )
 
     def prepare_config_and_inputs(self) -> tuple[MiniTxConfig, dict]:
@@ -158,6 +160,7 @@ class MiniTxCommonTests(ModelTesterMixin):
     """What both kinds share: the tester, the config test, and the common tests that do not apply to MiniTx."""
 
     is_encoder_decoder = False
+    options: dict = {}  # config fields of the models under test, beyond the tester's
     test_torch_exportable = False  # the export mixin is not part of the sdist
 
     def setUp(self):
@@ -166,7 +169,7 @@ class MiniTxCommonTests(ModelTesterMixin):
             patcher = mock.patch.object(modeling_common, name, names)
             patcher.start()
             self.addCleanup(patcher.stop)
-        self.model_tester = MiniTxModelTester(self, is_encoder_decoder=self.is_encoder_decoder)
+        self.model_tester = MiniTxModelTester(self, is_encoder_decoder=self.is_encoder_decoder, options=self.options)
         kind = {"is_encoder_decoder": True} if self.is_encoder_decoder else {}  # a default is not saved
         self.config_tester = ConfigTester(self, config_class=MiniTxConfig, hidden_size=32, **kind)
 
@@ -186,3 +189,10 @@ class MiniTxForCausalLMCommonTest(MiniTxCommonTests, unittest.TestCase):
 class MiniTxForConditionalGenerationCommonTest(MiniTxCommonTests, unittest.TestCase):
     all_model_classes = (MiniTxModel, MiniTxForConditionalGeneration)
     is_encoder_decoder = True
+
+
+class MiniTxExtraPiecesCommonTest(MiniTxCommonTests, unittest.TestCase):
+    """The causal model with every extra piece on (config.EXTRA_PIECES): the peer contracts hold with them."""
+
+    all_model_classes = (MiniTxModel, MiniTxForCausalLM)
+    options = dict.fromkeys(EXTRA_PIECES, True)

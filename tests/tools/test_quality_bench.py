@@ -95,7 +95,7 @@ def test_our_side_is_the_command_users_type(tmp_path):
     args = our_arguments(settings, tmp_path / "data", tmp_path / "tok", tmp_path / "out")
     model_args, data_args, train_args = parse_training_args(args)
     assert train_args.max_minutes == 1.5 and train_args.num_threads == 2 and train_args.optimizer == "adamw"
-    assert model_args.preset is None  # the default recipe (tiny's blocks), at the shared width and depth: no plan
+    assert model_args.preset is None  # the default recipe, at the shared width and depth: no plan
     assert model_args.config_overrides == "hidden_size=128,num_attention_heads=4,num_hidden_layers=4"
     assert train_args.checkpointing_steps == 1 / CURVE_POINTS and train_args.eval_steps == 0
     assert data_args.tokenizer == str(tmp_path / "tok")

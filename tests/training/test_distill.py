@@ -13,7 +13,13 @@ import pytest
 import torch
 from accelerate import Accelerator
 from conftest import assert_same_weights, tiny_config
-from test_train import _fresh_accelerate_state, causal_args, records, text_file  # noqa: F401  (fixtures)
+from test_train import (  # noqa: F401  (fixtures)
+    _fresh_accelerate_state,
+    causal_args,
+    records,
+    resume_from_copy,
+    text_file,
+)
 from transformers import AutoModelForCausalLM
 
 from hf_minitx import MiniTxForCausalLM
@@ -130,12 +136,7 @@ def test_a_distilled_run_resumes_to_the_weights_of_a_straight_run(text_file, tea
     extra = ("--max_steps", "4", "--checkpointing_steps", "2", "--distill_weight", "0.7")
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     main(distilled_args(text_file, teacher_folder, straight, *extra))
-    resumed.mkdir()
-    shutil.copytree(straight / "checkpoint-2", resumed / "checkpoint-2")
-    lines = (straight / "metrics.jsonl").read_text().splitlines()
-    (resumed / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    resume_from_copy(straight, resumed)
     main(distilled_args(text_file, teacher_folder, resumed, *extra, "--resume_from_checkpoint", "latest"))
     assert_same_weights(straight, resumed)
     assert [r["loss"] for r in records(straight, "train")] == [r["loss"] for r in records(resumed, "train")]

@@ -356,6 +356,7 @@ def test_a_symlink_in_a_dataset_folder_is_read_once(tmp_path, caplog, suffix, li
     (["--lr_scheduler_type", "linear"],
      "recipe.lr_scheduler_type: checkpoint has 'warmup_stable_decay', this run has 'linear'"),
     (["--late_dropout", "0.2"], "recipe.late_dropout: checkpoint has 0.1, this run has 0.2"),
+    (["--input_noise", "0.1"], "recipe.input_noise: checkpoint has 0.0, this run has 0.1"),
 ])
 def test_resuming_with_another_recipe_is_refused_naming_the_field(
         two_steps, text_file, tmp_path, capsys, extra, field):  # noqa: F811

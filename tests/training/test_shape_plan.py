@@ -37,7 +37,7 @@ def timed(monkeypatch):
     def timing(settings, shape, train_args, block_size, device):
         calls.append(shape)
         parameters = shape_plan.non_embedding_parameters(shape_plan.MiniTxForCausalLM(
-            shape_plan.MiniTxConfig(**{**settings, **shape.settings()})))
+            shape_plan.MiniTxConfig(**{**settings, **shape.settings(settings["hidden_act"])})))
         return 2e-6 * shape.layers * shape.hidden ** 2, parameters
 
     monkeypatch.setattr(shape_plan, "time_shape", timing)
@@ -91,7 +91,8 @@ def test_time_shape_times_a_real_step_and_leaves_the_rng_alone():
     torch.manual_seed(3)
     seconds, parameters = shape_plan.time_shape(SETTINGS, Shape(1, 32, 2), TrainArguments(), 16, "cpu")
     assert torch.equal(torch.rand(1), before) and seconds > 0
-    model = shape_plan.MiniTxForCausalLM(shape_plan.MiniTxConfig(**{**SETTINGS, **Shape(1, 32, 2).settings()}))
+    shape = Shape(1, 32, 2).settings(SETTINGS["hidden_act"])
+    model = shape_plan.MiniTxForCausalLM(shape_plan.MiniTxConfig(**{**SETTINGS, **shape}))
     total = sum(p.numel() for p in model.parameters())
     assert parameters == total - 300 * 32 > 6 * 32 * 32  # the token table left out; q/k/v/o, fc1/fc2 and norms in
 
@@ -141,7 +142,9 @@ def test_a_planned_run_records_its_choice_and_a_resume_keeps_it(text_file, tmp_p
     config = json.loads((out / "config.json").read_text())
     assert summary["shape_plan"]["chosen"] == "2 x 32" and summary["preset"] is None
     assert [c["shape"] for c in summary["shape_plan"]["candidates"]] == ["1 x 16", "2 x 32", "2 x 48"]
-    assert (config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]) == (32, 2, 32)
+    # the default's SwiGLU feed-forward at the parameters of an ungated one as wide as the model
+    assert (config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]) == (32, 2, 22)
+    assert config["hidden_act"] == "swiglu" and config["attention_bias"] is False
     card = (out / "README.md").read_text()
     assert "2 x 32" in card and "chosen by the time budget" in card
 
@@ -154,3 +157,22 @@ def test_a_budget_evaluates_every_quarter_of_its_plan_unless_told(given, minutes
     args = TrainArguments(eval_steps=given, max_minutes=minutes)
     default_eval_steps(args)
     assert args.eval_steps == expected
+
+
+@pytest.mark.parametrize("shape", shape_plan.SHAPES, ids=lambda shape: shape.name)
+def test_a_gated_feed_forward_gets_the_parameters_of_the_ungated_one(shape):
+    """The default's SwiGLU candidates carry ReLU^2's feed-forward parameters (the ratio was measured with those)."""
+    relu2, swiglu = shape.settings("relu2"), shape.settings("swiglu")
+    assert relu2["intermediate_size"] == shape.hidden and swiglu["intermediate_size"] % 2 == 0
+    ungated, gated = 2 * shape.hidden * relu2["intermediate_size"], 3 * shape.hidden * swiglu["intermediate_size"]
+    assert abs(gated - ungated) <= 3 * shape.hidden  # within one unit of the even size
+
+
+def test_the_default_blocks_are_qwen3s_and_export():
+    from hf_minitx.hub.export import mapping_problems
+    from hf_minitx.training.arguments import DEFAULT_PRESET, load_preset
+
+    default = shape_plan.MiniTxConfig(**load_preset(DEFAULT_PRESET))
+    assert (default.hidden_act, default.attention_bias, default.qk_norm) == ("swiglu", False, True)
+    assert default.intermediate_size == Shape(2, 64, 2).settings("swiglu")["intermediate_size"]
+    assert mapping_problems(default, "qwen3") == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,19 @@ def seq2seq_args(output_dir: Path, *extra: str) -> list[str]:
         "--warmup_steps", "5", "--logging_steps", "1", "--eval_steps", "0", "--generation_eval_samples", "16",
         "--max_eval_samples", "32", "--num_sample_generations", "1", "--disable_tqdm", "--num_threads", "1", *extra,
     ]
+
+
+def resume_from_copy(straight: Path, resumed: Path, checkpoint: str = "checkpoint-2", kept_lines: int = 2) -> None:
+    """Make `resumed` the folder of `straight`'s run killed after `checkpoint`: that checkpoint and the first
+    `kept_lines` lines of its metrics; and forget the last in-process run's Accelerate singletons."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    resumed.mkdir()
+    shutil.copytree(straight / checkpoint, resumed / checkpoint)
+    lines = (straight / "metrics.jsonl").read_text().splitlines()
+    (resumed / "metrics.jsonl").write_text("\n".join(lines[:kept_lines]) + "\n")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
 
 
 def records(output_dir: Path, kind: str) -> list[dict]:
