@@ -141,6 +141,7 @@ def _training_rows(summary: dict) -> list[tuple[str, str]]:
     if summary.get("preset"):
         rows.append(("Preset", f"`{summary['preset']}`"))
     rows += _shape_plan_rows(summary.get("shape_plan"))
+    rows += _phases_rows(summary.get("phases"))
     if summary.get("steps") is not None:
         rows.append(("Optimizer steps", f"{int(summary['steps']):,}"))
     if summary.get("tokens_seen") is not None:
@@ -174,6 +175,21 @@ def _shape_plan_rows(shape_plan: dict | None) -> list[tuple[str, str]]:
         return []
     timed = describe_shape_candidates(shape_plan.get("candidates", []))
     return [("Shape", f"{shape_plan.get('chosen')}, chosen by the time budget: {shape_plan.get('rule')} ({timed})")]
+
+
+def _phases_rows(phases: dict | None) -> list[tuple[str, str]]:
+    """A row for a budget spent on two models: the teacher's and the student's figures, and the one kept."""
+    if not isinstance(phases, dict) or not isinstance(phases.get("teacher"), dict):
+        return []
+
+    def phase(name: str) -> str:
+        figures = phases.get(name) or {}
+        return (f"{name} {figures.get('steps')} steps, {figures.get('passes'):.1f} passes, validation loss "
+                f"{figures.get('eval_loss', float('nan')):.4f}")
+
+    return [("Two models", f"one model would have passed over the data {phases.get('passes_of_one_model'):g} times "
+             f"(more than {phases.get('passes_per_model'):g}): a teacher, then a student learning from it (KL term); "
+             f"{phase('teacher')}; {phase('student')}; this folder holds the {phases.get('model_kept')}")]
 
 
 def describe_shape_candidates(candidates: list[dict]) -> str:

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from ..cli import EXIT_INTERRUPTED, Interrupted
 from ..data.corpus import UndecodableText
 from ..data.streaming import save_stream_position
-from ..folders import PARTIAL_SUFFIX, output_path, unlock_folder
+from ..folders import PARTIAL_SUFFIX, lock_folder, output_path, unlock_folder
 from .arguments import DataArguments, ModelArguments, TrainArguments, parse_training_args
 from .budget import Probe
 from .checkpoints import (
@@ -47,10 +47,12 @@ from .checkpoints import (
 from .end_of_run import finish, gathered_weights, keep_best, train_summary
 from .evaluation import chance_note
 from .outputs import append_metrics
+from .phases import continue_phases, past_first_phase
 from .run_folder import abandon_setup, lock_output_folder, release_unclaimed
 from .run_length import evaluation_passed, lay_plan, refuse_unplanned_budget, switch_on_late_dropout
 from .run_plan import AlreadyComplete, plan_run
 from .setup import setup
+from .shape_plan import planned_split
 from .signals import StopSignals, TermDuringSetup
 from .state import FitOutcome, RunState, TrainingRun
 
@@ -91,6 +93,9 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
 
     Ctrl-C before the first step (imports, data, tokenizer) leaves nothing half-written; a resumed run that
     is already complete writes nothing."""
+    if train_args.resume_from_checkpoint is not None and past_first_phase(train_args.output_dir):
+        lock_folder(output_path(train_args.output_dir), command="train")
+        return continue_phases(model_args, data_args, train_args, output_path(train_args.output_dir), train)
     plan, terminated = None, TermDuringSetup()
     try:
         with terminated:
@@ -118,15 +123,18 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
     at_chance = chance_note(outcome.final_metrics, len(tokenizer))
     if at_chance:
         summary["warning"] = at_chance
+    split = planned_split(plan.shape_plan)  # this run is a teacher: the student's folder is pushed, at the end
     received = finish(run, tokenizer, summary,
                       max_new_tokens=data_args.max_target_length if not plan.objective.shift else 128,
-                      push_to=train_args.hub_model_id if train_args.push_to_hub else None)
+                      push_to=train_args.hub_model_id if train_args.push_to_hub and not split else None)
     if received is not None:
         raise Interrupted(f"{signal.Signals(received).name} arrived during the final save, which was completed first: "
                           f"{plan.output_dir} holds the finished model of {state.step} steps (not pushed)",
                           128 + received)
     if at_chance and run.accelerator.is_main_process:
         print(at_chance)  # the last line, where it is seen
+    if split:
+        return continue_phases(model_args, data_args, train_args, plan.output_dir, train)
     return plan.output_dir
 
 

@@ -51,7 +51,7 @@ from .checkpoints import (
 from .distill import check_distill_arguments, teacher_identity, teacher_record
 from .loss import Objective
 from .outputs import SUMMARY_FILE
-from .shape_plan import SHAPE_PLAN, plans_shape, shape_given
+from .shape_plan import SHAPE_PLAN, planned_split, plans_shape, shape_given
 
 DISTILLATION = "distillation"  # run identity key: the teacher's weights digest, alpha and T (None: no teacher)
 TOKENIZER_IDS = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
@@ -161,6 +161,9 @@ def take_planned_shape(plan: RunPlan) -> None:
     plan.plans_shape, plan.shape_plan = False, recorded
     plan.settings.update(recorded["settings"])
     plan.config = build_config(plan.settings, DEFAULT_PRESET)
+    split, args = planned_split(recorded), plan.train_args
+    if split and args.max_minutes in (None, split["minutes"]) and args.max_steps is None and args.num_epochs is None:
+        args.max_minutes = split["teacher_minutes"]  # the whole budget names the teacher's share of it
 
 
 def resolve_model_settings(model_args: ModelArguments, data_args: DataArguments) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
+from ..data.sources import dataset_key
 from ..device import keep_freed_memory, pick_device
 from ..hub.card import describe_shape_candidates
 from ..inference import non_finite_weights
@@ -36,7 +37,7 @@ from .outputs import truncate_metrics
 from .run_folder import claim_output_folder, get_tokenizer
 from .run_length import SCHEDULE_CHANGES, late_dropout_plan, run_length, schedule_changes
 from .run_plan import RunPlan, build_config, check_global_batch, check_not_complete, shift_window
-from .shape_plan import SHAPE_PLAN, plan_shape
+from .shape_plan import PASSES_PER_MODEL, PHASES, SHAPE_PLAN, may_split, plan_phases, plan_shape
 from .state import LoopSettings, RunState, TrainingRun
 from .training_data import load_training_corpus, prepare_data, streaming_train_batches, training_loader
 
@@ -141,6 +142,15 @@ def choose_planned_shape(plan: RunPlan, tokenizer: PreTrainedTokenizerBase, acce
     plan.config = build_config(plan.settings, DEFAULT_PRESET)
     accelerator.print(f"the time budget chose {chosen.chosen.name} ({plan.shape_plan['rule']}): "
                       f"{describe_shape_candidates(chosen.candidates)}")
+    planned = chosen.planned
+    split = (plan_phases(planned["planned_passes"], planned["planned_steps"], plan.train_args.max_minutes)
+             if may_split(plan.train_args) else None)
+    if split is not None:  # this run is the teacher: its budget is its share (see phases.py)
+        plan.shape_plan[PHASES] = {**split, "dataset": dataset_key(plan.data_args.dataset)}
+        plan.train_args.max_minutes = split["teacher_minutes"]
+        accelerator.print(f"{split['passes_of_one_model']:g} passes over the data are more than one model learns "
+                          f"from ({PASSES_PER_MODEL:g}): a teacher trains for {split['teacher_minutes']:.3g} min, then "
+                          f"a student learns from it for {split['student_minutes']:.3g} min")
     return chosen.seconds
 
 

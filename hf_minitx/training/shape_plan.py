@@ -13,11 +13,14 @@ The ratio is this project's own, measured on a grid of fixed shapes (docs/recipe
 
     plans_shape(model_args, data_args, train_args)   whether this run chooses its shape
     plan_shape(...)                                   time the candidates, choose one: a ``ShapePlan``
+    plan_phases(passes, steps, minutes)               past PASSES_PER_MODEL passes, the budget is split between a
+                                                      teacher and a student that learns from it (``phases.py``)
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -38,6 +41,10 @@ SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_
 TOKENS_PER_PARAMETER = 4.0  # effective training tokens per non-embedding parameter of the largest candidate taken
 REPEAT_HALF_LIFE = 15.4  # R*: passes after which repeated tokens are worth 1/e less (Muennighoff et al. 2023)
 TIMED_STEPS, WARM_STEPS = 5, 3  # per candidate: untimed steps (allocation, caches), then timed ones (the median)
+PHASES = "phases"  # key of the split in the shape plan's record, and of what was done in the final summary
+PASSES_PER_MODEL = 16.0  # more passes than this, planned for one model, split the budget between two
+TEACHER_SHARE = 0.5  # of the budget, for the teacher; the student gets the rest
+MIN_PHASE_STEPS = 200  # a split leaves each model at least these steps of one model's pace
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,11 @@ class ShapePlan:
     hidden_act: str  # the blocks' feed-forward, which sets the shape's feed-forward size
     candidates: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+
+    @property
+    def planned(self) -> dict[str, Any]:
+        """The chosen candidate's timing: its planned steps and passes over the corpus in the budget."""
+        return next(c for c in self.candidates if c["shape"] == self.chosen.name)
 
     def record(self) -> dict[str, Any]:
         """For training_summary.json, the run state and the card."""
@@ -175,3 +187,24 @@ def time_shape(settings: dict[str, Any], shape: Shape, train_args: TrainArgument
         return statistics.median(times[WARM_STEPS:]), non_embedding_parameters(model)
     finally:
         torch.set_rng_state(rng)
+
+
+def plan_phases(passes: float, steps: int, minutes: float) -> dict[str, Any] | None:
+    """The split of a budget of ``minutes`` whose one model would make ``passes`` over the corpus in ``steps``, or
+    None: one model for few passes, or for a budget too short to time and decay two runs of MIN_PHASE_STEPS."""
+    if passes <= PASSES_PER_MODEL or steps * min(TEACHER_SHARE, 1.0 - TEACHER_SHARE) < MIN_PHASE_STEPS:
+        return None
+    return {"passes_of_one_model": round(passes, 2), "passes_per_model": PASSES_PER_MODEL, "minutes": minutes,
+            "teacher_minutes": minutes * TEACHER_SHARE, "student_minutes": minutes * (1.0 - TEACHER_SHARE)}
+
+
+def may_split(train_args: TrainArguments) -> bool:
+    """Only a run whose length is the budget alone, without a teacher of its own, in one process (the phases'
+    folders are copied by one writer), is split."""
+    return (train_args.distill_from is None and train_args.max_steps is None and train_args.num_epochs is None
+            and int(os.environ.get("WORLD_SIZE", "1")) == 1)
+
+
+def planned_split(shape_plan: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The split a shape plan's record holds (None: one model)."""
+    return (shape_plan or {}).get(PHASES)

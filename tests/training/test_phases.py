@@ -1,0 +1,173 @@
+"""A budget one model cannot use is spent on two (hf_minitx.training.phases): past PASSES_PER_MODEL passes the
+plan trains a teacher, then a student with the KL term to it, and leaves one ordinary model folder; a kill in
+either phase, then a resume, ends on the same weights as a run never stopped."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_budget import TickingClock
+from test_budget_resume import Killed, _reset_accelerate
+from test_shape_plan import SMALL, planned_args
+from test_train import _fresh_accelerate_state, text_file  # noqa: F401  (fixtures)
+from transformers import AutoModelForCausalLM
+
+from hf_minitx.training import loop, phases, shape_plan
+from hf_minitx.training.arguments import TrainArguments
+from hf_minitx.training.distill import Distillation
+from hf_minitx.training.shape_plan import MIN_PHASE_STEPS, PASSES_PER_MODEL, may_split, plan_phases
+
+TICK = 0.004  # seconds per reading of the clock: each phase of a 0.1-minute budget plans about 150 steps
+CHECKPOINT_AT = 100  # after each phase's final plan (made near step 75)
+
+
+def test_more_passes_than_one_model_uses_split_the_budget_in_two():
+    assert plan_phases(PASSES_PER_MODEL, 5000, 10.0) is None
+    assert plan_phases(PASSES_PER_MODEL * 2, 2 * MIN_PHASE_STEPS - 1, 10.0) is None  # too short for two runs
+    split = plan_phases(PASSES_PER_MODEL + 0.1, 5000, 10.0)
+    assert split["teacher_minutes"] + split["student_minutes"] == 10.0 and split["teacher_minutes"] > 0
+    assert split["passes_of_one_model"] > split["passes_per_model"] == PASSES_PER_MODEL
+
+
+@pytest.mark.parametrize(("given", "world_size", "expected"), [
+    ({}, "1", True), ({"max_steps": 100}, "1", False), ({"num_epochs": 3.0}, "1", False),
+    ({"distill_from": "teacher"}, "1", False), ({}, "2", False)])
+def test_only_a_run_of_the_budget_alone_in_one_process_is_split(given, world_size, expected, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", world_size)
+    assert may_split(TrainArguments(max_minutes=10.0, **given)) is expected
+
+
+def run_in_phases(text_file: Path, out: Path, *extra: str, die_in: str | None = None) -> list[str]:  # noqa: F811
+    """The planned run of test_shape_plan (2 x 32 chosen, a corpus it passes over many times) with a checkpoint at
+    CHECKPOINT_AT; ``die_in`` ("teacher" or "student"): killed right after that phase's checkpoint. Returns how
+    many optimizer steps each phase trained, and in how many of them the KL term was computed: {(phase, "steps" or
+    "kl"): count}."""
+    saved = (shape_plan.SHAPES, shape_plan.time_shape, loop.time, loop.rotate_checkpoints, Distillation.summed_loss,
+             loop.train_step)
+    calls: Counter = Counter()
+
+    def time_shape(settings, shape, *args):
+        return {16: 0.001, 32: 0.002, 48: 0.5}[shape.hidden], 1000 * shape.hidden
+
+    def rotate(output_dir, *args, **kwargs):
+        saved[3](output_dir, *args, **kwargs)
+        if die_in is not None and (output_dir.name == phases.STUDENT_DIR) == (die_in == "student"):
+            raise Killed
+
+    def summed_loss(self, *args, **kwargs):
+        calls[loop_phase(), "kl"] += 1
+        return saved[4](self, *args, **kwargs)
+
+    def train_step(*args, **kwargs):
+        calls[loop_phase(), "steps"] += 1
+        return saved[5](*args, **kwargs)
+
+    def loop_phase() -> str:
+        return "student" if Path(self_dir[-1]).name == phases.STUDENT_DIR else "teacher"
+
+    self_dir: list[str] = []
+    real_train = loop.train
+
+    def train(model_args, data_args, train_args):
+        self_dir.append(train_args.output_dir)
+        return real_train(model_args, data_args, train_args)
+
+    shape_plan.SHAPES, shape_plan.time_shape = SMALL, time_shape
+    loop.time, loop.rotate_checkpoints, Distillation.summed_loss = TickingClock(TICK), rotate, summed_loss
+    loop.train, loop.train_step = train, train_step
+    try:
+        _reset_accelerate()
+        loop.main(planned_args(text_file, out, "--checkpointing_steps", str(CHECKPOINT_AT), *extra))
+    finally:
+        (shape_plan.SHAPES, shape_plan.time_shape, loop.time, loop.rotate_checkpoints, Distillation.summed_loss,
+         loop.train_step) = saved
+        loop.train = real_train
+        _reset_accelerate()
+    return calls
+
+
+def summary_of(out: Path) -> dict:
+    return json.loads((out / "training_summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def straight(text_file, tmp_path_factory) -> tuple[Path, Counter]:  # noqa: F811
+    """A run in two phases never stopped, and its counts of steps and KL terms."""
+    out = tmp_path_factory.mktemp("phases") / "run"
+    return out, run_in_phases(text_file, out)
+
+
+def test_a_budget_past_the_passes_of_one_model_trains_a_teacher_then_a_student(straight):
+    out, calls = straight
+    split = summary_of(out)["phases"]
+    assert split["passes_of_one_model"] > PASSES_PER_MODEL and split["teacher_minutes"] == 0.05
+    assert split["teacher"]["steps"] > CHECKPOINT_AT and split["student"]["steps"] > CHECKPOINT_AT
+    assert split["student"]["distill_weight"] == 0.45 and len(split["teacher"]["weights_digest"]) == 64
+    # the KL term is in the student's loss at every step (one micro-batch each), and never in the teacher's
+    assert calls == {("teacher", "steps"): split["teacher"]["steps"], ("student", "steps"): split["student"]["steps"],
+                     ("student", "kl"): split["student"]["steps"]}
+    kept = split["model_kept"]
+    assert split[kept]["eval_loss"] == min(split["teacher"]["eval_loss"], split["student"]["eval_loss"])
+    assert summary_of(out)["steps"] == split[kept]["steps"]
+
+
+def test_the_folder_is_one_ordinary_model(straight):
+    out, _ = straight
+    assert not any(path.is_dir() for path in out.iterdir())  # no teacher, student or checkpoint folder is left
+    summary = summary_of(out)
+    assert summary["shape_plan"]["chosen"] == "2 x 32" and "distilled_from" not in summary
+    model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 2
+    generated = model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4, do_sample=False)
+    assert generated.shape == (1, 7)
+    card = (out / "README.md").read_text()
+    assert "Two models" in card and f"holds the {summary['phases']['model_kept']}" in card
+
+
+def test_a_resume_of_the_finished_folder_has_nothing_to_do(straight, text_file, capsys):  # noqa: F811
+    out, _ = straight
+    before = {path.name: path.stat().st_mtime_ns for path in out.iterdir()}
+    run_in_phases(text_file, out, "--resume_from_checkpoint", "latest")
+    assert "already complete" in capsys.readouterr().out
+    assert {path.name: path.stat().st_mtime_ns for path in out.iterdir()} == before
+
+
+def test_a_stop_between_the_summary_and_the_cleanup_renders_the_card_again(straight, text_file, tmp_path):  # noqa: F811
+    out = tmp_path / "run"
+    shutil.copytree(straight[0], out)
+    (out / phases.STUDENT_DIR).mkdir()  # the working folders were not removed yet; the card is the student's own
+    (out / "README.md").write_text("the student's card")
+    run_in_phases(text_file, out, "--resume_from_checkpoint", "latest")
+    assert "Two models" in (out / "README.md").read_text() and not (out / phases.STUDENT_DIR).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["teacher", "student"])
+def test_a_kill_in_either_phase_then_a_resume_ends_on_the_weights_of_a_straight_run(straight, phase, text_file,  # noqa: F811
+                                                                                 tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    with pytest.raises(Killed):
+        run_in_phases(text_file, out, die_in=phase)
+    where = out / phases.STUDENT_DIR if phase == "student" else out
+    assert (where / f"checkpoint-{CHECKPOINT_AT}").is_dir()
+    if phase == "student":  # past the teacher, a resume reading other data is refused before any write
+        with pytest.raises(ValueError, match="--seed 42"):
+            run_in_phases(text_file, out, "--resume_from_checkpoint", "latest", "--seed", "7")
+        assert sorted(p.name for p in where.iterdir() if p.name.startswith("checkpoint")) == [
+            f"checkpoint-{CHECKPOINT_AT}"]
+    monkeypatch.chdir(text_file.parent)  # the same corpus named another way is the same data
+    resumed_steps = run_in_phases(Path(text_file.name), out, "--resume_from_checkpoint", "latest")
+    split = summary_of(out)["phases"]  # the resume trained only what the checkpoint had not
+    assert resumed_steps["teacher", "steps"] == (split["teacher"]["steps"] - CHECKPOINT_AT if phase == "teacher" else 0)
+    assert resumed_steps["student", "steps"] == split["student"]["steps"] - (CHECKPOINT_AT if phase == "student" else 0)
+    expected, resumed = load_file(straight[0] / "model.safetensors"), load_file(out / "model.safetensors")
+    assert expected.keys() == resumed.keys()
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected)
+    assert summary_of(out)["phases"]["model_kept"] == summary_of(straight[0])["phases"]["model_kept"]
+    assert not any(path.is_dir() for path in out.iterdir())
