@@ -1,9 +1,10 @@
 """Two models for a budget one model cannot use: a teacher, then a student that learns from it.
 
-A model stops learning from text it has read about sixteen times (Muennighoff et al. 2023 fit R* = 15.4 passes;
-Kim et al. 2025, "Pre-training under infinite compute", see the same saturation). So when a time budget that
-chooses the shape (``shape_plan.plans_shape``) would pass over the corpus more than ``PASSES_PER_MODEL`` times,
-the run splits it (``shape_plan.plan_phases``; docs/recipe-log.md, "A second model"):
+A model stops learning from text it has read many times (Muennighoff et al. 2023 fit R* = 15.4 passes; Kim et
+al. 2025, "Pre-training under infinite compute", see the same), while a second model that learns from the first,
+finished one goes on. So when a time budget that chooses the shape (``shape_plan.plans_shape``) would pass over the
+corpus more than ``PASSES_PER_MODEL`` times (about where splitting began to pay in this project's screens), the run
+splits it (``shape_plan.plan_phases``; docs/recipe-log.md, "A second model"):
 
     teacher   the run itself, in --output_dir, with ``TEACHER_SHARE`` of the budget: an ordinary run whose
               shape plan records the split (``PHASES``), so that its resume keeps it (one process only)

@@ -42,7 +42,7 @@ TOKENS_PER_PARAMETER = 4.0  # effective training tokens per non-embedding parame
 REPEAT_HALF_LIFE = 15.4  # R*: passes after which repeated tokens are worth 1/e less (Muennighoff et al. 2023)
 TIMED_STEPS, WARM_STEPS = 5, 3  # per candidate: untimed steps (allocation, caches), then timed ones (the median)
 PHASES = "phases"  # key of the split in the shape plan's record, and of what was done in the final summary
-PASSES_PER_MODEL = 16.0  # more passes than this, planned for one model, split the budget between two
+PASSES_PER_MODEL = 10.0  # more passes than this, planned for one model, split the budget between two (measured)
 TEACHER_SHARE = 0.5  # of the budget, for the teacher; the student gets the rest
 MIN_PHASE_STEPS = 200  # a split leaves each model at least these steps of one model's pace
 
