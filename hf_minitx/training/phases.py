@@ -160,6 +160,8 @@ def promote(output_dir: Path, record: dict[str, Any]) -> None:
                                     "weights_digest": weights_digest(output_dir / TEACHER_DIR)},
                         "student": {**_phase_figures(student), **_distillation(student)}}}
     summary.pop("distilled_from", None)  # the teacher's folder is removed: its digest stays in the phases' record
+    for name in ("train_seconds", "tokens_seen"):  # the run's: both phases' (the kept model's are in its record)
+        summary[name] = round(teacher.get(name, 0) + student.get(name, 0), 2)
     partial = output_dir / f".{SUMMARY_FILE}{PARTIAL_SUFFIX}"
     partial.write_text(json.dumps(summary, indent=2))
     partial.replace(output_dir / SUMMARY_FILE)

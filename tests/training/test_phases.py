@@ -115,6 +115,9 @@ def test_a_budget_past_the_passes_of_one_model_trains_a_teacher_then_a_student(s
     kept = split["model_kept"]
     assert split[kept]["eval_loss"] == min(split["teacher"]["eval_loss"], split["student"]["eval_loss"])
     assert summary_of(out)["steps"] == split[kept]["steps"]
+    # the run's training time is both phases' (what a comparison at equal wall time must give the other side)
+    both = split["teacher"]["train_seconds"] + split["student"]["train_seconds"]
+    assert summary_of(out)["train_seconds"] == round(both, 2)
 
 
 def test_the_folder_is_one_ordinary_model(straight):
