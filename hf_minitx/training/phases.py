@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.sources import dataset_key
-from ..folders import LOCK_FILE, PARTIAL_SUFFIX, RUN_MARKER, unlock_folder, weights_digest
+from ..folders import LOCK_FILE, PARTIAL_SUFFIX, RUN_MARKER, unlock_folder, weights_digest, write_file
 from .arguments import DataArguments, ModelArguments, TrainArguments
 from .checkpoints import list_checkpoints
 from .end_of_run import write_card
@@ -142,8 +142,9 @@ def train_student(model_args: ModelArguments, data_args: DataArguments, train_ar
 
 
 def promote(output_dir: Path, record: dict[str, Any]) -> None:
-    """The model with the lower validation loss becomes the folder's; the summary (written last: it marks the
-    run finished) records both phases, and the card is rendered again from it."""
+    """The model with the lower validation loss becomes the folder's; the summary records both phases and marks the
+    run finished, then the card is rendered again from it (a stop before the working folders are removed renders
+    it again: ``continue_phases``)."""
     teacher, student = read_summary(output_dir / TEACHER_DIR), read_summary(output_dir / STUDENT_DIR)
     kept = "student" if _eval_loss(student) <= _eval_loss(teacher) else "teacher"
     chosen = output_dir / (STUDENT_DIR if kept == "student" else TEACHER_DIR)
@@ -162,9 +163,7 @@ def promote(output_dir: Path, record: dict[str, Any]) -> None:
     summary.pop("distilled_from", None)  # the teacher's folder is removed: its digest stays in the phases' record
     for name in ("train_seconds", "tokens_seen"):  # the run's: both phases' (the kept model's are in its record)
         summary[name] = round(teacher.get(name, 0) + student.get(name, 0), 2)
-    partial = output_dir / f".{SUMMARY_FILE}{PARTIAL_SUFFIX}"
-    partial.write_text(json.dumps(summary, indent=2))
-    partial.replace(output_dir / SUMMARY_FILE)
+    write_file(output_dir / SUMMARY_FILE, lambda tmp: tmp.write_text(json.dumps(summary, indent=2)))
     write_card(output_dir)
 
 
