@@ -238,6 +238,9 @@ class TrainArguments:
     distill_temperature: float = field(
         default=1.2, metadata={"help": "--distill_from: temperature T > 0 both distributions are softened by."}
     )
+    keep_phases: bool = field(default=False, metadata={
+        "help": "A run in two phases (a budget one model cannot use): keep the teacher's and the student's folders, "
+                "with their checkpoints, in OUTPUT/teacher and OUTPUT/student (to score them or their average)."})
     max_steps: int | None = field(default=None, metadata={"help": "Optimizer steps to train (overrides num_epochs)."})
     num_epochs: float | None = field(
         default=None, metadata={"help": "Epochs to train when max_steps is unset (default 1; with --max_minutes, "

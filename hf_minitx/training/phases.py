@@ -12,6 +12,7 @@ splits it (``shape_plan.plan_phases``; docs/recipe-log.md, "A second model"):
               to the frozen teacher, copied whole to OUTPUT/teacher first (``--distill_from``)
     promote   the one with the lower validation loss becomes the folder's model; the summary and the card
               record both, the two working folders are removed: one ordinary model folder is left
+              (``--keep_phases`` keeps them, each with its checkpoints, e.g. for the benchmark's averaged pair)
 
 Each step can be killed and resumed with the same command plus ``--resume_from_checkpoint latest``: the teacher
 resumes as any run does, ``continue_phases`` finds where the rest stands (the teacher copy, the student's
@@ -39,6 +40,7 @@ from .shape_plan import PHASES, SHAPE_PLAN, planned_split
 logger = logging.getLogger(__name__)
 
 TEACHER_DIR, STUDENT_DIR = "teacher", "student"  # working folders inside --output_dir, removed at the end
+FOLDERS_KEPT = "folders_kept"  # in the phases' record: --keep_phases left both working folders
 
 
 def teacher_summary(output_dir: Path) -> dict[str, Any] | None:
@@ -69,7 +71,7 @@ def continue_phases(model_args: ModelArguments, data_args: DataArguments, train_
     loop's), promote the better one. Called at the teacher's end, and by a resume that finds the teacher finished.
     ``output_dir`` is locked by the caller."""
     if finished(output_dir):
-        if any((output_dir / name).exists() for name in (TEACHER_DIR, STUDENT_DIR)):
+        if any((output_dir / name).exists() for name in (TEACHER_DIR, STUDENT_DIR)) and not folders_kept(output_dir):
             write_card(output_dir)  # stopped between the summary and the cleanup: the card may be the student's own
         else:
             print(f"{output_dir} is already complete: it holds the {read_summary(output_dir)[PHASES]['model_kept']} "
@@ -79,9 +81,10 @@ def continue_phases(model_args: ModelArguments, data_args: DataArguments, train_
         check_same_run(record, data_args, train_args, output_dir)
         copy_teacher(output_dir)
         train_student(model_args, data_args, train_args, output_dir, record, train)
-        promote(output_dir, record)
-    for name in (TEACHER_DIR, STUDENT_DIR):
-        shutil.rmtree(output_dir / name, ignore_errors=True)
+        promote(output_dir, record, keep=train_args.keep_phases)
+    if not folders_kept(output_dir):
+        for name in (TEACHER_DIR, STUDENT_DIR):
+            shutil.rmtree(output_dir / name, ignore_errors=True)
     if train_args.push_to_hub and train_args.hub_model_id:
         from ..hub.push import push_to_hub
 
@@ -141,10 +144,11 @@ def train_student(model_args: ModelArguments, data_args: DataArguments, train_ar
         unlock_folder(student)
 
 
-def promote(output_dir: Path, record: dict[str, Any]) -> None:
+def promote(output_dir: Path, record: dict[str, Any], keep: bool = False) -> None:
     """The model with the lower validation loss becomes the folder's; the summary records both phases and marks the
     run finished, then the card is rendered again from it (a stop before the working folders are removed renders
-    it again: ``continue_phases``)."""
+    it again: ``continue_phases``). ``keep`` (--keep_phases): the teacher's checkpoints move into OUTPUT/teacher,
+    and both working folders stay, recorded as kept."""
     teacher, student = read_summary(output_dir / TEACHER_DIR), read_summary(output_dir / STUDENT_DIR)
     kept = "student" if _eval_loss(student) <= _eval_loss(teacher) else "teacher"
     chosen = output_dir / (STUDENT_DIR if kept == "student" else TEACHER_DIR)
@@ -152,19 +156,29 @@ def promote(output_dir: Path, record: dict[str, Any]) -> None:
         if path.name != SUMMARY_FILE:
             shutil.copy2(path, output_dir / path.name)
     for checkpoint in list_checkpoints(output_dir):  # the teacher's: nothing is left to resume
-        shutil.rmtree(checkpoint)
+        if keep:
+            shutil.move(checkpoint, output_dir / TEACHER_DIR / checkpoint.name)
+        else:
+            shutil.rmtree(checkpoint)
     summary = {**(student if kept == "student" else teacher), "run_id": teacher.get("run_id"),  # the folder's run
                "config_overrides": record.get("config_overrides"),
                SHAPE_PLAN: record[SHAPE_PLAN],  # the teacher's choice, which the student took over
                PHASES: {**record[SHAPE_PLAN][PHASES], "model_kept": kept,
                         "teacher": {**_phase_figures(teacher),
                                     "weights_digest": weights_digest(output_dir / TEACHER_DIR)},
-                        "student": {**_phase_figures(student), **_distillation(student)}}}
+                        "student": {**_phase_figures(student), **_distillation(student)},
+                        FOLDERS_KEPT: keep}}
     summary.pop("distilled_from", None)  # the teacher's folder is removed: its digest stays in the phases' record
     for name in ("train_seconds", "tokens_seen"):  # the run's: both phases' (the kept model's are in its record)
         summary[name] = round(teacher.get(name, 0) + student.get(name, 0), 2)
     write_file(output_dir / SUMMARY_FILE, lambda tmp: tmp.write_text(json.dumps(summary, indent=2)))
     write_card(output_dir)
+
+
+def folders_kept(output_dir: Path) -> bool:
+    """Whether the finished run recorded its teacher's and student's folders as kept (--keep_phases)."""
+    summary = read_summary(output_dir)
+    return bool(summary and (summary.get(PHASES) or {}).get(FOLDERS_KEPT))
 
 
 def _phase_figures(summary: dict[str, Any]) -> dict[str, Any]:

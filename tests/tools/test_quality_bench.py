@@ -15,6 +15,7 @@ from hf_minitx.tools.benchmark import run
 from hf_minitx.tools.benchmark.quality import (
     CURVE_POINTS,
     NANOGPT,
+    AveragedModels,
     QualitySettings,
     format_quality,
     nanogpt_lr,
@@ -24,9 +25,11 @@ from hf_minitx.tools.benchmark.quality import (
     reference_model,
     run_quality,
     score_bits,
+    score_ours,
     train_reference,
     write_splits,
 )
+from hf_minitx.training import shape_plan
 from hf_minitx.training.arguments import parse_training_args
 
 LINES = [f"line {i}: the cat sat on the mat, and the dog — café — ran {i * 7} laps." for i in range(300)]
@@ -95,11 +98,29 @@ def test_our_side_is_the_command_users_type(tmp_path):
     args = our_arguments(settings, tmp_path / "data", tmp_path / "tok", tmp_path / "out")
     model_args, data_args, train_args = parse_training_args(args)
     assert train_args.max_minutes == 1.5 and train_args.num_threads == 2 and train_args.optimizer == "adamw"
-    assert model_args.preset is None  # the default recipe, at the shared width and depth: no plan
-    assert model_args.config_overrides == "hidden_size=128,num_attention_heads=4,num_hidden_layers=4"
+    assert model_args.preset is None and model_args.config_overrides is None  # the default recipe: the budget plans
+    assert shape_plan.plans_shape(model_args, data_args, train_args)  # the shape, and two models if one cannot use
+    assert shape_plan.may_split(train_args) and train_args.keep_phases  # the budget, both kept for scoring
     assert train_args.checkpointing_steps == 1 / CURVE_POINTS and train_args.eval_steps == 0
     assert data_args.tokenizer == str(tmp_path / "tok")
     assert QualitySettings().num_threads >= 1  # every core by default
+    shared = parse_training_args(our_arguments(QualitySettings(shared_shape=True), tmp_path, tmp_path, tmp_path))[0]
+    assert shared.config_overrides == "hidden_size=128,num_attention_heads=4,num_hidden_layers=4"
+
+
+class Seen(Exception):
+    """Raised by a stand-in for run_quality with the settings the command built."""
+
+
+def test_the_command_passes_the_shared_shape(monkeypatch):
+    def stand_in(settings, log):
+        raise Seen(settings)
+
+    monkeypatch.setattr(run, "run_quality", stand_in)
+    for argv, shared in (([], False), (["--quality_shared_shape"], True)):
+        with pytest.raises(Seen) as seen:
+            run.main(["--quality_only", "--quality_seconds", "5", *argv])
+        assert seen.value.args[0].shared_shape is shared and seen.value.args[0].seconds == 5
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -130,6 +151,59 @@ def test_the_reference_loop_takes_random_windows_and_keeps_snapshots_along_the_t
     times = [s["seconds"] for s in trained["snapshots"]]
     assert 2 <= len(times) <= CURVE_POINTS and times == sorted(times) and times[-1] >= 1.5
     assert trained["decay_iters"] >= NANOGPT["decay_iters"]
+
+
+def test_an_averaged_pair_scores_the_mean_of_the_members_probabilities():
+    ids = torch.randint(0, 20, (120,), generator=torch.Generator().manual_seed(2)).tolist()
+    first, second = Bigram(20), Bigram(20)
+    with torch.no_grad():
+        second.table.copy_(torch.randn(20, 20, generator=torch.Generator().manual_seed(5)))
+    alone = [score_bits(model, ids, context=16, vocab_size=20) for model in (first, second)]
+    assert score_bits(AveragedModels(first, first), ids, 16, 20) == pytest.approx(alone[0], rel=1e-6)
+    pair = score_bits(AveragedModels(first, second), ids, 16, 20)
+    assert pair < sum(alone) / 2  # log of a mean is above the mean of logs, strictly for members that differ
+    probs = (first.table.softmax(-1) + second.table.softmax(-1)) / 2  # by hand: the pair's bits of one token
+    logits = AveragedModels(first, second)(torch.tensor([[3, 4]])).logits
+    assert torch.allclose(logits[0, 0].exp(), probs[3], atol=1e-6)
+
+
+def tiny_model_folder(folder: Path, seed: int, tokenizer, summary: dict) -> None:
+    """A 1 x 16 causal LM of ``seed`` with ``tokenizer`` and a training summary, as a run saves it."""
+    import json
+
+    from hf_minitx.models.configuration_minitx import MiniTxConfig
+    from hf_minitx.models.modeling_minitx import MiniTxForCausalLM
+
+    torch.manual_seed(seed)
+    config = MiniTxConfig(vocab_size=len(tokenizer), hidden_size=16, num_attention_heads=2, num_hidden_layers=1,
+                          intermediate_size=32, max_position_embeddings=64)
+    MiniTxForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "training_summary.json").write_text(json.dumps(summary))
+
+
+def test_a_run_in_two_phases_is_scored_model_by_model_and_as_a_pair(tmp_path):
+    from hf_minitx.data.tokenizer import train_bpe_tokenizer
+
+    tokenizer = train_bpe_tokenizer(iter(LINES), 300)
+    base = {"recipe": {"block_size": 16}, "tokens_seen": 100}
+    out = tmp_path / "ours"
+    tiny_model_folder(out / "teacher", 1, tokenizer, {**base, "steps": 20, "train_seconds": 1.5})
+    tiny_model_folder(out / "student", 2, tokenizer, {**base, "steps": 15, "train_seconds": 2.0})
+    summary = {**base, "steps": 15, "train_seconds": 3.5,
+               "phases": {"model_kept": "student", "passes_of_one_model": 12.5}}
+    tiny_model_folder(out, 2, tokenizer, summary)  # the kept model: the student's weights
+    validation = "\n".join(LINES[:40])
+    ours = score_ours(QualitySettings(threads=1, curve_tokens=200), out, validation, summary)
+    split = ours["phases"]
+    assert split["student"] == pytest.approx(ours["bits_per_byte"]) and split["teacher"] != split["student"]
+    assert split["averaged_pair"] < (split["teacher"] + split["student"]) / 2
+    assert [(p["seconds"], p["step"]) for p in ours["curve"]] == [(1.5, 20), (3.5, 15)]  # the teacher, the student
+    result = {"settings": {"seconds": 60}, "corpora": {"c": {
+        "reference": {"bits_per_byte": 2.0}, "ours": ours, "ratio": 0.5, "pair_ratio": 0.4}}}
+    assert f"| 12.5 | {split['teacher']:.3f} | {split['student']:.3f} | student |" in format_quality(result)
+    (out / "teacher").rename(out / "gone")  # a run whose working folders were removed: one model
+    assert "phases" not in score_ours(QualitySettings(threads=1, curve_tokens=200), out, validation, summary)
 
 
 def test_the_table_and_the_curves_come_from_the_results(tmp_path):

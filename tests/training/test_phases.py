@@ -150,6 +150,23 @@ def test_a_stop_between_the_summary_and_the_cleanup_renders_the_card_again(strai
     assert "Two models" in (out / "README.md").read_text() and not (out / phases.STUDENT_DIR).exists()
 
 
+def test_keep_phases_leaves_both_models_with_their_checkpoints_beside_the_kept_one(text_file, tmp_path):  # noqa: F811
+    out = tmp_path / "run"
+    run_in_phases(text_file, out, "--keep_phases")
+    summary = summary_of(out)
+    kept = summary["phases"]["model_kept"]
+    assert summary["phases"][phases.FOLDERS_KEPT] is True and not phases.list_checkpoints(out)
+    for name in (phases.TEACHER_DIR, phases.STUDENT_DIR):  # each a model folder with its own checkpoints
+        assert phases.list_checkpoints(out / name) and (out / name / "model.safetensors").is_file()
+        assert summary_of(out / name)["steps"] == summary["phases"][name]["steps"]
+    assert load_file(out / "model.safetensors").keys() == load_file(out / kept / "model.safetensors").keys()
+    assert all(torch.equal(value, load_file(out / kept / "model.safetensors")[key])
+               for key, value in load_file(out / "model.safetensors").items())
+    before = sorted(str(path.relative_to(out)) for path in out.rglob("*"))
+    run_in_phases(text_file, out, "--resume_from_checkpoint", "latest")  # finished: the kept folders stay
+    assert sorted(str(path.relative_to(out)) for path in out.rglob("*")) == before
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("phase", ["teacher", "student"])
 def test_a_kill_in_either_phase_then_a_resume_ends_on_the_weights_of_a_straight_run(straight, phase, text_file,  # noqa: F811

@@ -4,9 +4,11 @@ For each corpus (its first ``max_chars`` characters: the first 90% is the traini
 
 1. one tokenizer for both sides, made by ``minitx train-tokenizer`` on the training text (the vocabulary size
    ``minitx train`` trains by default), so that the ratio measures the recipe, not the tokenizer;
-2. **ours**: ``minitx train --max_minutes T`` with the default recipe at the shared width and depth, in its own
-   process, alone on the machine, on every core (``threads``); it checkpoints at each tenth of its planned steps
-   for the curve;
+2. **ours**: ``minitx train --max_minutes T`` with the default recipe, as users type it: the budget plans the
+   shape (and, past the passes one model learns from, a teacher and a student: docs/training.md); with
+   ``shared_shape``, at the reference's width and depth instead. In its own process, alone on the machine, on
+   every core (``threads``); it checkpoints at each tenth of its planned steps for the curve, and keeps both
+   models of a run in two phases (``--keep_phases``) to score each and their averaged pair;
 3. **the reference**: transformers' ``GPT2LMHeadModel`` of the same width and depth in a plain PyTorch loop, in its
    own process, alone, on the same threads, for T seconds, with nanoGPT's published CPU recipe: batch 12, AdamW
    lr 1e-3 with betas (0.9, 0.99), weight decay 0.1 on every tensor of 2+ dimensions, clipping 1.0, dropout 0,
@@ -34,6 +36,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -58,6 +61,7 @@ class QualitySettings:
     hidden: int = 128
     threads: int | None = None  # None: every core, as users train
     ours_args: str = ""  # extra `minitx train` arguments for our side, e.g. "--optimizer adamw"
+    shared_shape: bool = False  # our side at layers x hidden too, rather than the shape its budget plans
     max_chars: int = 3_000_000  # of each corpus: tokenizer training and scoring stay short
     curve_tokens: int = 16_384  # validation tokens the curve's snapshots are scored on
     seed: int = 0
@@ -81,8 +85,8 @@ def our_arguments(settings: QualitySettings, data: Path, tokenizer: Path, out: P
     """The `minitx train` arguments of our side (checked: unknown or bad --quality_ours_args fail here)."""
     from ...training.arguments import parse_training_args
 
-    args = ["--task", "causal-lm", "--dataset", str(data), "--tokenizer", str(tokenizer),
-            "--config_overrides", SHAPE_OVERRIDES.format(**asdict(settings)),
+    shape = ["--config_overrides", SHAPE_OVERRIDES.format(**asdict(settings))] if settings.shared_shape else []
+    args = ["--task", "causal-lm", "--dataset", str(data), "--tokenizer", str(tokenizer), *shape, "--keep_phases",
             "--max_minutes", f"{settings.seconds / 60:.6g}", "--num_threads", str(settings.num_threads),
             "--eval_steps", "0", "--checkpointing_steps", str(1 / CURVE_POINTS), "--save_total_limit",
             str(CURVE_POINTS + 1), "--disable_tqdm", "--output_dir", str(out), *shlex.split(settings.ours_args)]
@@ -265,10 +269,9 @@ def score_curve(model: nn.Module, snapshots: list[tuple[float, int, dict[str, to
 
 
 def score_ours(settings: QualitySettings, out: Path, validation_text: str, summary: dict[str, Any]) -> dict[str, Any]:
-    """Our saved model and its checkpoints, scored like the reference."""
+    """Our saved model and its checkpoints, scored like the reference; a run in two phases: each model, and the
+    curve through the teacher's checkpoints, then the student's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..explore import find_snapshots, read_weights
 
     torch.set_num_threads(settings.num_threads)
     tokenizer = AutoTokenizer.from_pretrained(out)
@@ -277,12 +280,65 @@ def score_ours(settings: QualitySettings, out: Path, validation_text: str, summa
     ids = tokenizer(validation_text, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
     figures = side_figures(model, ids, block, vocab, validation_text, summary["steps"], summary["tokens_seen"],
                            summary["train_seconds"])
-    snapshots = [(json.loads((snap.path.parent / "run_state.json").read_text())["train_seconds"], snap.step,
-                  read_weights(snap.path)) for snap in find_snapshots(out, str(out), CURVE_POINTS + 1) if snap.path]
-    snapshots.append((summary["train_seconds"], summary["steps"], model.state_dict()))
+    folders = phase_folders(out, summary)
+    phases = score_phases(folders, ids, block, vocab, validation_text, summary) if folders else None
+    snapshots, offset = [], 0.0
+    for folder in folders or [out]:  # one model's run, or the teacher's then the student's
+        snapshots += run_snapshots(folder, offset)
+        offset = snapshots[-1][0]
     curve = score_curve(model, snapshots, tokenizer, ids, block, settings)
     return {**figures, "curve": curve, "time_budget": summary.get("time_budget"), "epochs": summary.get("epochs"),
-            "recipe": summary.get("recipe")}
+            "recipe": summary.get("recipe"), **({"phases": phases} if phases else {})}
+
+
+def phase_folders(out: Path, summary: dict[str, Any]) -> list[Path]:
+    """The teacher's and the student's folders a run in two phases kept (--keep_phases); [] for one model."""
+    split = summary.get("phases") or {}
+    folders = [out / "teacher", out / "student"]
+    return folders if split.get("model_kept") and all(folder.is_dir() for folder in folders) else []
+
+
+def run_snapshots(folder: Path, offset: float) -> list[tuple[float, int, dict[str, torch.Tensor]]]:
+    """(training seconds + ``offset``, step, weights) of a run's checkpoints, then of its final model."""
+    from ..explore import find_snapshots, read_weights
+
+    try:
+        found = find_snapshots(folder, str(folder), CURVE_POINTS + 1)
+    except ValueError:  # no checkpoint: the final model alone
+        found = []
+    snapshots = [(offset + json.loads((snap.path.parent / "run_state.json").read_text())["train_seconds"],
+                  snap.step, read_weights(snap.path)) for snap in found if snap.path]
+    summary = json.loads((folder / "training_summary.json").read_text())
+    return [*snapshots, (offset + summary["train_seconds"], summary["steps"],
+                         read_weights(folder / "model.safetensors"))]
+
+
+class AveragedModels(nn.Module):
+    """Models' next-token probabilities averaged: logits log(mean_k p_k), already normalised."""
+
+    def __init__(self, *members: nn.Module) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    def forward(self, input_ids: torch.Tensor) -> Any:
+        logp = torch.stack([torch.log_softmax(member(input_ids=input_ids).logits.float(), dim=-1)
+                            for member in self.members])  # (members, batch, seq, vocab)
+        return SimpleNamespace(logits=torch.logsumexp(logp, dim=0) - math.log(len(self.members)))
+
+
+def score_phases(folders: list[Path], ids: list[int], block: int, vocab: int, validation_text: str,
+                 summary: dict[str, Any]) -> dict[str, Any]:
+    """Bits per byte of the teacher, the student and their averaged pair on the whole validation text (the pair
+    is not what users take home: two models at inference, no single export)."""
+    from transformers import AutoModelForCausalLM
+
+    num_bytes = len(validation_text.encode("utf-8"))
+    members = [AutoModelForCausalLM.from_pretrained(folder) for folder in folders]
+    figures = {folder.name: bits_per_byte(score_bits(member, ids, block, vocab), num_bytes)
+               for folder, member in zip(folders, members, strict=True)}
+    pair = bits_per_byte(score_bits(AveragedModels(*members), ids, block, vocab), num_bytes)
+    return {**figures, "averaged_pair": pair, "model_kept": summary["phases"]["model_kept"],
+            "passes_of_one_model": summary["phases"].get("passes_of_one_model")}
 
 
 # --- one corpus, every corpus ------------------------------------------------------------------------
@@ -318,6 +374,8 @@ def run_corpus(settings: QualitySettings, corpus: str, work: Path, first: str, l
                                                        block),))
             result["reference"] = {**figures, "load_average": load}
     result["ratio"] = result["ours"]["bits_per_byte"] / result["reference"]["bits_per_byte"]
+    if "phases" in result["ours"]:  # a run in two phases: the averaged pair's ratio beside the kept model's
+        result["pair_ratio"] = result["ours"]["phases"]["averaged_pair"] / result["reference"]["bits_per_byte"]
     return result
 
 
@@ -343,6 +401,17 @@ def format_quality(quality: dict[str, Any]) -> str:
         cells = [f"{_figure(side, 'bits_per_byte', 3)} | {side.get('steps', '-')} | "
                  f"{_figure(side, 'tokens_per_second', 0)}" for side in (figures["reference"], figures["ours"])]
         lines.append(f"| `{corpus}` | {seconds:g} | {cells[0]} | {cells[1]} | {figures['ratio']:.3f}x |")
+    pairs = {corpus: figures for corpus, figures in quality["corpora"].items() if "pair_ratio" in figures}
+    if pairs:
+        lines += ["", "Runs in two phases (a teacher, then a student learning from it; the kept model is in the table "
+                  "above; the averaged pair is two models at inference, not what users take home):", "",
+                  "| corpus | passes of one model | teacher: bits/byte | student | kept | the pair averaged | "
+                  "ratio of the pair |", "|---|---:|---:|---:|---|---:|---:|"]
+        for corpus, figures in pairs.items():
+            split = figures["ours"]["phases"]
+            lines.append(f"| `{corpus}` | {_figure(split, 'passes_of_one_model', 1)} | {split['teacher']:.3f} | "
+                         f"{split['student']:.3f} | {split['model_kept']} | {split['averaged_pair']:.3f} | "
+                         f"{figures['pair_ratio']:.3f}x |")
     return "\n".join(lines)
 
 

@@ -150,6 +150,9 @@ class BenchmarkArguments:
         "help": "quality: draw validation bits/byte against training seconds of both sides into this PNG"})
     quality_corpora: list[str] = field(default_factory=lambda: list(QUALITY_CORPORA), metadata={
         "help": "quality: the corpora (any minitx train --dataset)"})
+    quality_shared_shape: bool = field(default=False, metadata={
+        "help": "quality: train our side at the reference's width and depth (4 x 128) rather than the shape its "
+                "budget plans, as users get it"})
     quality_ours_args: str = field(default="", metadata={
         "help": "quality: minitx train arguments that change our side's recipe, e.g. '--optimizer adamw'"})
     json: str | None = field(default=None, metadata={"help": "write every figure and the machine description here"})
@@ -200,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     data_prep_files = _expand_files(args.data_prep_files)
     quality = QualitySettings(seconds=args.quality_seconds or (30.0 if args.quick else 180.0),
                               corpora=tuple(args.quality_corpora), threads=args.quality_threads,
-                              ours_args=args.quality_ours_args)
+                              ours_args=args.quality_ours_args, shared_shape=args.quality_shared_shape)
     if not (args.no_quality or args.data_prep_only):
         quality.check()
     rounds = args.rounds or (3 if args.quick else 5)
