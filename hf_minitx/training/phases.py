@@ -31,6 +31,7 @@ from typing import Any
 
 from ..data.sources import dataset_key
 from ..folders import LOCK_FILE, PARTIAL_SUFFIX, RUN_MARKER, unlock_folder, weights_digest, write_file
+from ..hub.card import CARD_FILE
 from .arguments import DataArguments, ModelArguments, TrainArguments
 from .checkpoints import list_checkpoints
 from .end_of_run import write_card
@@ -39,7 +40,7 @@ from .shape_plan import PHASES, SHAPE_PLAN, planned_split
 
 logger = logging.getLogger(__name__)
 
-TEACHER_DIR, STUDENT_DIR = "teacher", "student"  # working folders inside --output_dir, removed at the end
+TEACHER_DIR, STUDENT_DIR = "teacher", "student"  # working folders inside --output_dir, removed at the end (or kept)
 FOLDERS_KEPT = "folders_kept"  # in the phases' record: --keep_phases left both working folders
 
 
@@ -55,8 +56,15 @@ def teacher_summary(output_dir: Path) -> dict[str, Any] | None:
 
 def past_first_phase(output_dir: str | None) -> bool:
     """Whether a resumed run's folder holds a finished teacher (or the promoted model): ``continue_phases`` goes
-    on from there."""
-    return output_dir is not None and (finished(Path(output_dir)) or teacher_summary(Path(output_dir)) is not None)
+    on from there. A phase's folder kept by --keep_phases is refused: its run is finished in the folder above."""
+    if output_dir is None:
+        return False
+    folder = Path(output_dir)
+    if folder.name in (TEACHER_DIR, STUDENT_DIR) and folders_kept(folder.parent):
+        raise ValueError(f"{folder} is the {folder.name} of a finished run in two phases, kept to be read "
+                         f"(--keep_phases); the run's model is in {folder.parent}: start a new run in another "
+                         "--output_dir, or pass it as --distill_from")
+    return finished(folder) or teacher_summary(folder) is not None
 
 
 def finished(output_dir: Path) -> bool:
@@ -71,7 +79,8 @@ def continue_phases(model_args: ModelArguments, data_args: DataArguments, train_
     loop's), promote the better one. Called at the teacher's end, and by a resume that finds the teacher finished.
     ``output_dir`` is locked by the caller."""
     if finished(output_dir):
-        if any((output_dir / name).exists() for name in (TEACHER_DIR, STUDENT_DIR)) and not folders_kept(output_dir):
+        working = any((output_dir / name).exists() for name in (TEACHER_DIR, STUDENT_DIR))
+        if (working and not folders_kept(output_dir)) or _card_older_than_summary(output_dir):
             write_card(output_dir)  # stopped between the summary and the cleanup: the card may be the student's own
         else:
             print(f"{output_dir} is already complete: it holds the {read_summary(output_dir)[PHASES]['model_kept']} "
@@ -157,7 +166,7 @@ def promote(output_dir: Path, record: dict[str, Any], keep: bool = False) -> Non
             shutil.copy2(path, output_dir / path.name)
     for checkpoint in list_checkpoints(output_dir):  # the teacher's: nothing is left to resume
         if keep:
-            shutil.move(checkpoint, output_dir / TEACHER_DIR / checkpoint.name)
+            checkpoint.rename(output_dir / TEACHER_DIR / checkpoint.name)
         else:
             shutil.rmtree(checkpoint)
     summary = {**(student if kept == "student" else teacher), "run_id": teacher.get("run_id"),  # the folder's run
@@ -168,7 +177,7 @@ def promote(output_dir: Path, record: dict[str, Any], keep: bool = False) -> Non
                                     "weights_digest": weights_digest(output_dir / TEACHER_DIR)},
                         "student": {**_phase_figures(student), **_distillation(student)},
                         FOLDERS_KEPT: keep}}
-    summary.pop("distilled_from", None)  # the teacher's folder is removed: its digest stays in the phases' record
+    summary.pop("distilled_from", None)  # the teacher's folder is removed (or kept): its digest is in the record
     for name in ("train_seconds", "tokens_seen"):  # the run's: both phases' (the kept model's are in its record)
         summary[name] = round(teacher.get(name, 0) + student.get(name, 0), 2)
     write_file(output_dir / SUMMARY_FILE, lambda tmp: tmp.write_text(json.dumps(summary, indent=2)))
@@ -179,6 +188,13 @@ def folders_kept(output_dir: Path) -> bool:
     """Whether the finished run recorded its teacher's and student's folders as kept (--keep_phases)."""
     summary = read_summary(output_dir)
     return bool(summary and (summary.get(PHASES) or {}).get(FOLDERS_KEPT))
+
+
+def _card_older_than_summary(output_dir: Path) -> bool:
+    """Whether the card was not rendered since the summary was written (a stop between the two; the promoted
+    model's own card is copied with its older time)."""
+    card, summary = output_dir / CARD_FILE, output_dir / SUMMARY_FILE
+    return not card.is_file() or card.stat().st_mtime_ns < summary.stat().st_mtime_ns
 
 
 def _phase_figures(summary: dict[str, Any]) -> dict[str, Any]:

@@ -182,7 +182,20 @@ def tiny_model_folder(folder: Path, seed: int, tokenizer, summary: dict) -> None
     (folder / "training_summary.json").write_text(json.dumps(summary))
 
 
-def test_a_run_in_two_phases_is_scored_model_by_model_and_as_a_pair(tmp_path):
+def checkpoint_of(folder: Path, step: int, seconds: float) -> None:
+    """``folder``'s weights as its checkpoint of ``step``, saved ``seconds`` into its run."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    checkpoint = folder / f"checkpoint-{step}"
+    checkpoint.mkdir()
+    save_file(load_file(folder / "model.safetensors"), checkpoint / "model.safetensors")
+    (checkpoint / "run_state.json").write_text(json.dumps({"train_seconds": seconds}))
+
+
+@pytest.mark.parametrize("kept", ["student", "teacher"])
+def test_a_run_in_two_phases_is_scored_model_by_model_and_as_a_pair(kept, tmp_path):
     from hf_minitx.data.tokenizer import train_bpe_tokenizer
 
     tokenizer = train_bpe_tokenizer(iter(LINES), 300)
@@ -190,19 +203,25 @@ def test_a_run_in_two_phases_is_scored_model_by_model_and_as_a_pair(tmp_path):
     out = tmp_path / "ours"
     tiny_model_folder(out / "teacher", 1, tokenizer, {**base, "steps": 20, "train_seconds": 1.5})
     tiny_model_folder(out / "student", 2, tokenizer, {**base, "steps": 15, "train_seconds": 2.0})
-    summary = {**base, "steps": 15, "train_seconds": 3.5,
-               "phases": {"model_kept": "student", "passes_of_one_model": 12.5}}
-    tiny_model_folder(out, 2, tokenizer, summary)  # the kept model: the student's weights
+    checkpoint_of(out / "teacher", 10, 0.7)
+    checkpoint_of(out / "student", 5, 0.8)
+    steps = {"teacher": 20, "student": 15}
+    summary = {**base, "steps": steps[kept], "train_seconds": 3.5, "phases": {
+        "model_kept": kept, "passes_of_one_model": 12.5, "folders_kept": True,
+        "teacher": {"steps": 20}, "student": {"steps": 15}}}
+    tiny_model_folder(out, {"teacher": 1, "student": 2}[kept], tokenizer, summary)  # the kept model's weights
     validation = "\n".join(LINES[:40])
     ours = score_ours(QualitySettings(threads=1, curve_tokens=200), out, validation, summary)
     split = ours["phases"]
-    assert split["student"] == pytest.approx(ours["bits_per_byte"]) and split["teacher"] != split["student"]
+    assert split[kept] == pytest.approx(ours["bits_per_byte"]) and split["teacher"] != split["student"]
     assert split["averaged_pair"] < (split["teacher"] + split["student"]) / 2
-    assert [(p["seconds"], p["step"]) for p in ours["curve"]] == [(1.5, 20), (3.5, 15)]  # the teacher, the student
+    # the teacher's checkpoint and model, the student's checkpoint after the teacher's time, the kept model last
+    assert [(p["seconds"], p["step"]) for p in ours["curve"]] == [(0.7, 10), (1.5, 20), (2.3, 5), (3.5, steps[kept])]
+    assert ours["curve"][-1]["bits_per_byte"] == ours["curve"][1 if kept == "teacher" else -1]["bits_per_byte"]
     result = {"settings": {"seconds": 60}, "corpora": {"c": {
         "reference": {"bits_per_byte": 2.0}, "ours": ours, "ratio": 0.5, "pair_ratio": 0.4}}}
-    assert f"| 12.5 | {split['teacher']:.3f} | {split['student']:.3f} | student |" in format_quality(result)
-    (out / "teacher").rename(out / "gone")  # a run whose working folders were removed: one model
+    assert f"| 12.5 | 20 + 15 | {split['teacher']:.3f} | {split['student']:.3f} | {kept} |" in format_quality(result)
+    summary["phases"]["folders_kept"] = False  # stopped before the working folders were removed: one model
     assert "phases" not in score_ours(QualitySettings(threads=1, curve_tokens=200), out, validation, summary)
 
 

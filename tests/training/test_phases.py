@@ -5,6 +5,7 @@ either phase, then a resume, ends on the same weights as a run never stopped."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -162,9 +163,16 @@ def test_keep_phases_leaves_both_models_with_their_checkpoints_beside_the_kept_o
     assert load_file(out / "model.safetensors").keys() == load_file(out / kept / "model.safetensors").keys()
     assert all(torch.equal(value, load_file(out / kept / "model.safetensors")[key])
                for key, value in load_file(out / "model.safetensors").items())
-    before = sorted(str(path.relative_to(out)) for path in out.rglob("*"))
-    run_in_phases(text_file, out, "--resume_from_checkpoint", "latest")  # finished: the kept folders stay
-    assert sorted(str(path.relative_to(out)) for path in out.rglob("*")) == before
+    before = {str(path.relative_to(out)): path.stat().st_mtime_ns for path in out.rglob("*")}
+    run_in_phases(text_file, out, "--resume_from_checkpoint", "latest")  # finished: nothing to do, folders kept
+    assert {str(path.relative_to(out)): path.stat().st_mtime_ns for path in out.rglob("*")} == before
+    card = out / "README.md"  # a stop between the summary and the card left the kept model's own card
+    card.write_text("the student's card")
+    os.utime(card, ns=(card.stat().st_atime_ns, (out / "training_summary.json").stat().st_mtime_ns - 1))
+    run_in_phases(text_file, out, "--resume_from_checkpoint", "latest")
+    assert "Two models" in card.read_text() and (out / phases.TEACHER_DIR).is_dir()
+    with pytest.raises(ValueError, match="kept to be read"):  # a kept phase is not a run to resume
+        run_in_phases(text_file, out / phases.TEACHER_DIR, "--resume_from_checkpoint", "latest")
 
 
 @pytest.mark.slow

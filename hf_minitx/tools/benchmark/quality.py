@@ -9,7 +9,7 @@ For each corpus (its first ``max_chars`` characters: the first 90% is the traini
    ``shared_shape``, at the reference's width and depth instead. In its own process, alone on the machine, on
    every core (``threads``); it checkpoints at each tenth of its planned steps for the curve, and keeps both
    models of a run in two phases (``--keep_phases``) to score each and their averaged pair;
-3. **the reference**: transformers' ``GPT2LMHeadModel`` of the same width and depth in a plain PyTorch loop, in its
+3. **the reference**: transformers' ``GPT2LMHeadModel`` at ``layers`` x ``hidden`` in a plain PyTorch loop, in its
    own process, alone, on the same threads, for T seconds, with nanoGPT's published CPU recipe: batch 12, AdamW
    lr 1e-3 with betas (0.9, 0.99), weight decay 0.1 on every tensor of 2+ dimensions, clipping 1.0, dropout 0,
    100 warmup iterations, cosine decay to 1e-4 over 2000 iterations or as many as fit (nanoGPT's advice:
@@ -52,7 +52,7 @@ CURVE_POINTS = 10
 
 @dataclass(frozen=True)
 class QualitySettings:
-    """One quality comparison: the shared shape, the budget, the threads, and what may change our side's recipe."""
+    """One quality comparison: the reference's shape, the budget, the threads, and what may change our side's recipe."""
 
     seconds: float = 180.0
     corpora: tuple[str, ...] = QUALITY_CORPORA
@@ -171,7 +171,7 @@ def nanogpt_lr(iteration: int, decay_iters: int) -> float:
 
 
 def reference_model(settings: QualitySettings, vocab_size: int, block: int, special_ids: dict[str, int]) -> nn.Module:
-    """GPT2LMHeadModel at the shared width and depth, dropout 0."""
+    """GPT2LMHeadModel at ``layers`` x ``hidden``, ``heads`` heads, dropout 0."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(vocab_size=vocab_size, n_positions=block, n_embd=settings.hidden, n_layer=settings.layers,
@@ -269,8 +269,8 @@ def score_curve(model: nn.Module, snapshots: list[tuple[float, int, dict[str, to
 
 
 def score_ours(settings: QualitySettings, out: Path, validation_text: str, summary: dict[str, Any]) -> dict[str, Any]:
-    """Our saved model and its checkpoints, scored like the reference; a run in two phases: each model, and the
-    curve through the teacher's checkpoints, then the student's."""
+    """Our saved model and its checkpoints, scored like the reference; a run in two phases: each model and their
+    averaged pair too, the curve through the teacher's checkpoints and model, then the student's checkpoints."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(settings.num_threads)
@@ -280,12 +280,18 @@ def score_ours(settings: QualitySettings, out: Path, validation_text: str, summa
     ids = tokenizer(validation_text, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
     figures = side_figures(model, ids, block, vocab, validation_text, summary["steps"], summary["tokens_seen"],
                            summary["train_seconds"])
-    folders = phase_folders(out, summary)
-    phases = score_phases(folders, ids, block, vocab, validation_text, summary) if folders else None
-    snapshots, offset = [], 0.0
-    for folder in folders or [out]:  # one model's run, or the teacher's then the student's
-        snapshots += run_snapshots(folder, offset)
-        offset = snapshots[-1][0]
+    folders, phases = phase_folders(out, summary), None
+    if folders:
+        members = [AutoModelForCausalLM.from_pretrained(folder) for folder in folders]
+        phases = score_phases(members, ids, block, vocab, validation_text, summary)
+        teacher = json.loads((folders[0] / "training_summary.json").read_text())
+        snapshots = [*checkpoint_snapshots(folders[0]),
+                     (teacher["train_seconds"], teacher["steps"], members[0].state_dict()),
+                     *checkpoint_snapshots(folders[1], offset=teacher["train_seconds"])]
+    else:
+        snapshots = checkpoint_snapshots(out)
+    # the model users get: a copy, as score_curve loads each snapshot into ``model`` itself
+    snapshots.append((summary["train_seconds"], summary["steps"], copy.deepcopy(model.state_dict())))
     curve = score_curve(model, snapshots, tokenizer, ids, block, settings)
     return {**figures, "curve": curve, "time_budget": summary.get("time_budget"), "epochs": summary.get("epochs"),
             "recipe": summary.get("recipe"), **({"phases": phases} if phases else {})}
@@ -295,22 +301,18 @@ def phase_folders(out: Path, summary: dict[str, Any]) -> list[Path]:
     """The teacher's and the student's folders a run in two phases kept (--keep_phases); [] for one model."""
     split = summary.get("phases") or {}
     folders = [out / "teacher", out / "student"]
-    return folders if split.get("model_kept") and all(folder.is_dir() for folder in folders) else []
+    return folders if split.get("folders_kept") and all(folder.is_dir() for folder in folders) else []
 
 
-def run_snapshots(folder: Path, offset: float) -> list[tuple[float, int, dict[str, torch.Tensor]]]:
-    """(training seconds + ``offset``, step, weights) of a run's checkpoints, then of its final model."""
+def checkpoint_snapshots(folder: Path, offset: float = 0.0) -> list[tuple[float, int, dict[str, torch.Tensor]]]:
+    """(training seconds + ``offset``, step, weights) of a run's checkpoints, but the one of its final step."""
+    from ...training.checkpoints import list_checkpoints
     from ..explore import find_snapshots, read_weights
 
-    try:
-        found = find_snapshots(folder, str(folder), CURVE_POINTS + 1)
-    except ValueError:  # no checkpoint: the final model alone
-        found = []
-    snapshots = [(offset + json.loads((snap.path.parent / "run_state.json").read_text())["train_seconds"],
-                  snap.step, read_weights(snap.path)) for snap in found if snap.path]
-    summary = json.loads((folder / "training_summary.json").read_text())
-    return [*snapshots, (offset + summary["train_seconds"], summary["steps"],
-                         read_weights(folder / "model.safetensors"))]
+    if not list_checkpoints(folder):
+        return []
+    return [(offset + json.loads((snap.path.parent / "run_state.json").read_text())["train_seconds"], snap.step,
+             read_weights(snap.path)) for snap in find_snapshots(folder, str(folder), CURVE_POINTS + 1) if snap.path]
 
 
 class AveragedModels(nn.Module):
@@ -326,19 +328,18 @@ class AveragedModels(nn.Module):
         return SimpleNamespace(logits=torch.logsumexp(logp, dim=0) - math.log(len(self.members)))
 
 
-def score_phases(folders: list[Path], ids: list[int], block: int, vocab: int, validation_text: str,
+def score_phases(members: list[nn.Module], ids: list[int], block: int, vocab: int, validation_text: str,
                  summary: dict[str, Any]) -> dict[str, Any]:
     """Bits per byte of the teacher, the student and their averaged pair on the whole validation text (the pair
     is not what users take home: two models at inference, no single export)."""
-    from transformers import AutoModelForCausalLM
-
     num_bytes = len(validation_text.encode("utf-8"))
-    members = [AutoModelForCausalLM.from_pretrained(folder) for folder in folders]
-    figures = {folder.name: bits_per_byte(score_bits(member, ids, block, vocab), num_bytes)
-               for folder, member in zip(folders, members, strict=True)}
+    split = summary["phases"]
+    figures = {name: bits_per_byte(score_bits(member, ids, block, vocab), num_bytes)
+               for name, member in zip(("teacher", "student"), members, strict=True)}
     pair = bits_per_byte(score_bits(AveragedModels(*members), ids, block, vocab), num_bytes)
-    return {**figures, "averaged_pair": pair, "model_kept": summary["phases"]["model_kept"],
-            "passes_of_one_model": summary["phases"].get("passes_of_one_model")}
+    return {**figures, "averaged_pair": pair, "model_kept": split["model_kept"],
+            "passes_of_one_model": split.get("passes_of_one_model"),
+            "steps": {name: (split.get(name) or {}).get("steps") for name in ("teacher", "student")}}
 
 
 # --- one corpus, every corpus ------------------------------------------------------------------------
@@ -405,12 +406,14 @@ def format_quality(quality: dict[str, Any]) -> str:
     if pairs:
         lines += ["", "Runs in two phases (a teacher, then a student learning from it; the kept model is in the table "
                   "above; the averaged pair is two models at inference, not what users take home):", "",
-                  "| corpus | passes of one model | teacher: bits/byte | student | kept | the pair averaged | "
-                  "ratio of the pair |", "|---|---:|---:|---:|---|---:|---:|"]
+                  "| corpus | passes of one model | steps: teacher + student | teacher: bits/byte | student | kept | "
+                  "the pair averaged | ratio of the pair |", "|---|---:|---:|---:|---:|---|---:|---:|"]
         for corpus, figures in pairs.items():
             split = figures["ours"]["phases"]
-            lines.append(f"| `{corpus}` | {_figure(split, 'passes_of_one_model', 1)} | {split['teacher']:.3f} | "
-                         f"{split['student']:.3f} | {split['model_kept']} | {split['averaged_pair']:.3f} | "
+            steps = " + ".join(str(split.get("steps", {}).get(name, "-")) for name in ("teacher", "student"))
+            lines.append(f"| `{corpus}` | {_figure(split, 'passes_of_one_model', 1)} | {steps} | "
+                         f"{split['teacher']:.3f} | {split['student']:.3f} | {split['model_kept']} | "
+                         f"{split['averaged_pair']:.3f} | "
                          f"{figures['pair_ratio']:.3f}x |")
     return "\n".join(lines)
 
