@@ -46,7 +46,8 @@ def results(quality: bool = True) -> dict:
     }
     if quality:
         side = {"steps": 0, "train_seconds": 30.0, "tokens_seen": 0}
-        result["quality"] = {"settings": {"seconds": 30.0, "corpora": ["builtin:kjv"], "threads": 1},
+        result["quality"] = {"settings": {"seconds": 30.0, "corpora": ["builtin:kjv"], "threads": 1,
+                                          "shared_shape": False, "layers": 4, "hidden": 128},
                              "corpora": {"builtin:kjv": {
                                  "reference": {**side, "bits_per_byte": 2.5, "steps": 40, "tokens_per_second": 4100.0},
                                  "ours": {**side, "bits_per_byte": 2.0, "steps": 61, "tokens_per_second": 5230.0},
@@ -70,6 +71,18 @@ def test_the_headline_names_each_figure_its_reference_and_the_run_once_with_its_
     assert rows[2].startswith("| generation, batch 1 (tokens/s) | 60 | GPT-2 45 | 1.35x |")
     assert len(rows) == 3  # workloads the run left out have no row
     assert headline.count("minitx benchmark --quick") == 1  # one command per group of rows, not per row
+
+
+def test_a_quality_run_says_which_shape_our_side_trained():
+    planned, fixed, older = results(), results(), results()
+    fixed["quality"]["settings"]["shared_shape"] = True
+    del older["quality"]["settings"]["shared_shape"]  # runs from before the budget planned our shape: fixed
+    assert "the shape its budget planned" in render_page(planned) and "both at 4 × 128" not in render_headline(
+        planned)
+    for result in (fixed, older):
+        assert "ours at the reference's 4 × 128" in render_page(result)
+        assert table_rows(render_headline(result))[0].startswith("| quality: bits/byte on `builtin:kjv` after 30 s, "
+                                                                  "both at 4 × 128 |")
 
 
 def test_speed_measured_on_a_gpu_names_it_in_the_headline_and_keeps_only_training():

@@ -105,7 +105,8 @@ def render_page(result: dict) -> str:
         threads = result["quality"]["settings"].get("num_threads") or result["quality"]["settings"].get("threads")
         parts += [f"### Quality at equal wall time, {result['quality']['settings']['seconds']:g} s",
                   "Bits per byte of the whole validation text after the same wall time for both sides, each alone "
-                  f"on {threads} threads, one after the other (lower is better).", format_quality(result["quality"])]
+                  f"on {threads} threads, one after the other (lower is better); "
+                  f"{our_shape(result['quality']['settings'])}.", format_quality(result["quality"])]
     if "data_preparation" in result:
         parts += ["### Data preparation", format_data_prep(result["data_preparation"])]
     return "\n\n".join(parts)
@@ -135,6 +136,18 @@ def headline_speed_picks(results: list[dict]) -> dict[tuple, int]:
     return picks
 
 
+def _shared_shape(settings: dict) -> bool:
+    """Whether our side trained at the reference's shape (every run before the budget planned it did)."""
+    return settings.get("shared_shape", True)
+
+
+def our_shape(settings: dict) -> str:
+    """What shape our side of a quality run trained, in words."""
+    if _shared_shape(settings):
+        return f"ours at the reference's {settings['layers']} × {settings['hidden']} (`--quality_shared_shape`)"
+    return "ours at the shape its budget planned, as users type `minitx train --max_minutes`"
+
+
 def headline_rows(result: dict, speed: Sequence[tuple[str, str, str]]) -> list[tuple[str, str, str, str]]:
     """(measure, hf_minitx, reference, ratio) for the run's quality figures, then for the `speed` rows
     ((workload, implementation, measure), each of which the run holds); a speed measured on a GPU names it."""
@@ -142,7 +155,8 @@ def headline_rows(result: dict, speed: Sequence[tuple[str, str, str]]) -> list[t
     quality = result.get("quality")
     for corpus, figures in (quality or {}).get("corpora", {}).items():
         seconds = quality["settings"]["seconds"]
-        rows.append((f"quality: bits/byte on `{corpus}` after {seconds:g} s",
+        fixed = ", both at 4 × 128" if _shared_shape(quality["settings"]) else ""
+        rows.append((f"quality: bits/byte on `{corpus}` after {seconds:g} s{fixed}",
                      f"{figures['ours']['bits_per_byte']:.3f}", f"GPT-2 {figures['reference']['bits_per_byte']:.3f}",
                      f"{figures['ratio']:.3f}x"))
     where = f", {result['machine']['gpu']}" if _on_gpu(result) and result["machine"].get("gpu") else ""
