@@ -42,6 +42,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...training.phases import FOLDERS_KEPT, STUDENT_DIR, TEACHER_DIR, read_summary
+
 QUALITY_CORPORA = ("builtin:kjv", "builtin:pydocs")
 SIDES = ("ours", "reference")
 SHAPE_OVERRIDES = "hidden_size={hidden},num_attention_heads={heads},num_hidden_layers={layers}"
@@ -284,7 +286,7 @@ def score_ours(settings: QualitySettings, out: Path, validation_text: str, summa
     if folders:
         members = [AutoModelForCausalLM.from_pretrained(folder) for folder in folders]
         phases = score_phases(members, ids, block, vocab, validation_text, summary)
-        teacher = json.loads((folders[0] / "training_summary.json").read_text())
+        teacher = read_summary(folders[0])
         snapshots = [*checkpoint_snapshots(folders[0]),
                      (teacher["train_seconds"], teacher["steps"], members[0].state_dict()),
                      *checkpoint_snapshots(folders[1], offset=teacher["train_seconds"])]
@@ -300,8 +302,8 @@ def score_ours(settings: QualitySettings, out: Path, validation_text: str, summa
 def phase_folders(out: Path, summary: dict[str, Any]) -> list[Path]:
     """The teacher's and the student's folders a run in two phases kept (--keep_phases); [] for one model."""
     split = summary.get("phases") or {}
-    folders = [out / "teacher", out / "student"]
-    return folders if split.get("folders_kept") and all(folder.is_dir() for folder in folders) else []
+    folders = [out / TEACHER_DIR, out / STUDENT_DIR]
+    return folders if split.get(FOLDERS_KEPT) and all(folder.is_dir() for folder in folders) else []
 
 
 def checkpoint_snapshots(folder: Path, offset: float = 0.0) -> list[tuple[float, int, dict[str, torch.Tensor]]]:
@@ -335,11 +337,11 @@ def score_phases(members: list[nn.Module], ids: list[int], block: int, vocab: in
     num_bytes = len(validation_text.encode("utf-8"))
     split = summary["phases"]
     figures = {name: bits_per_byte(score_bits(member, ids, block, vocab), num_bytes)
-               for name, member in zip(("teacher", "student"), members, strict=True)}
+               for name, member in zip((TEACHER_DIR, STUDENT_DIR), members, strict=True)}
     pair = bits_per_byte(score_bits(AveragedModels(*members), ids, block, vocab), num_bytes)
     return {**figures, "averaged_pair": pair, "model_kept": split["model_kept"],
             "passes_of_one_model": split.get("passes_of_one_model"),
-            "steps": {name: (split.get(name) or {}).get("steps") for name in ("teacher", "student")}}
+            "steps": {name: (split.get(name) or {}).get("steps") for name in (TEACHER_DIR, STUDENT_DIR)}}
 
 
 # --- one corpus, every corpus ------------------------------------------------------------------------

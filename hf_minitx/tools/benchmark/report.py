@@ -155,7 +155,8 @@ def headline_rows(result: dict, speed: Sequence[tuple[str, str, str]]) -> list[t
     quality = result.get("quality")
     for corpus, figures in (quality or {}).get("corpora", {}).items():
         seconds = quality["settings"]["seconds"]
-        fixed = ", both at 4 × 128" if _shared_shape(quality["settings"]) else ""
+        settings = quality["settings"]
+        fixed = f", both at {settings['layers']} × {settings['hidden']}" if _shared_shape(settings) else ""
         rows.append((f"quality: bits/byte on `{corpus}` after {seconds:g} s{fixed}",
                      f"{figures['ours']['bits_per_byte']:.3f}", f"GPT-2 {figures['reference']['bits_per_byte']:.3f}",
                      f"{figures['ratio']:.3f}x"))
