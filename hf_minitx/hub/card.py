@@ -199,7 +199,7 @@ def describe_shape_candidates(candidates: list[dict]) -> str:
 
 
 def _budget_rows(summary: dict) -> list[tuple[str, str]]:
-    """Rows of the time budget's plan and what ran, the passes over the data, and the step whose weights were kept."""
+    """Rows of the budget's plan and what ran, the passes over the data, the weights kept and the temperature."""
     rows = []
     budget = summary.get("time_budget") or {}
     if budget.get("planned_steps"):
@@ -215,6 +215,11 @@ def _budget_rows(summary: dict) -> list[tuple[str, str]]:
     if kept and kept.get("step") != kept.get("last_step"):
         rows.append(("Weights kept", f"step {kept['step']:,} (best validation loss {kept['eval_loss']:.4f}; the last "
                      f"step, {kept['last_step']:,}, scored {kept['last_eval_loss']:.4f})"))
+    fit = summary.get("calibration") or {}
+    if fit.get("logit_scale", 1.0) != 1.0:
+        rows.append(("Temperature", f"the logits divided by {fit['temperature']:g}, folded into the final norm: fitted "
+                     f"on {fit['fitted_on_tokens']:,} validation tokens, loss {fit['fitted_loss_before']:.4f} → "
+                     f"{fit['fitted_loss_after']:.4f}"))
     return rows
 
 

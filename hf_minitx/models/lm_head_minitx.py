@@ -22,15 +22,32 @@ from .positions_minitx import check_generation_fits
 logger = logging.get_logger(__name__)
 
 
+def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """c * tanh(logits / c): the logits bounded to (-c, c), nearly unchanged well inside; None: unchanged."""
+    return logits if cap is None else cap * torch.tanh(logits / cap)
+
+
 class MiniTxLMHeadMixin:
     """What the two language-model heads share: `lm_head` and its logits, the loss, and generate()'s entry
     points. A mixin before `MiniTxPreTrainedModel` and `GenerationMixin`, whose methods it extends."""
 
     def output_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """(batch, seq, hidden) -> (batch, seq, vocab): `lm_head`, then c * tanh(logits / c) with a soft cap c."""
-        logits = self.lm_head(hidden_states)  # (batch, seq, vocab)
-        cap = self.config.final_logit_softcap
-        return logits if cap is None else cap * torch.tanh(logits / cap)
+        return soft_cap(self.lm_head(hidden_states), self.config.final_logit_softcap)
+
+    @torch.no_grad()
+    def scale_output_logits(self, scale: float) -> None:
+        """Multiply what `lm_head` computes by ``scale`` (before any soft cap), in the weights: those of the norm
+        `lm_head` reads (the decoder's final norm with pre-LN, its last layer's with post-LN), weight and bias.
+
+        `lm_head` has no bias, so scaling its input scales its logits exactly; a tied head stays tied, and the
+        model keeps its config and its export. Temperature calibration (T = 1 / scale) is done this way.
+        """
+        decoder = self.model.decoder
+        norm = decoder.norm if decoder.norm is not None else decoder.layers[-1].mlp_layer_norm
+        norm.weight.mul_(scale)
+        if getattr(norm, "bias", None) is not None:
+            norm.bias.mul_(scale)
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
@@ -106,4 +123,4 @@ class MiniTxLMHeadMixin:
                                   ignore_index=IGNORE_INDEX, **kwargs)
 
 
-__all__ = ["MiniTxLMHeadMixin"]
+__all__ = ["MiniTxLMHeadMixin", "soft_cap"]

@@ -228,6 +228,8 @@ class TrainArguments:
     late_dropout_passes: float = field(
         default=2.0, metadata={"help": "Passes over the training data after which --late_dropout starts."}
     )
+    calibrate_temperature: bool | None = field(default=None, metadata={"help": "At the end, fold into the final "
+        "norm the temperature that minimises the validation loss. Default: on for causal-lm, off for seq2seq."})
     distill_from: str | None = field(
         default=None, metadata={"help": "Folder of a finished model with this run's tokenizer (the teacher): the "
                                         "loss adds --distill_weight x T^2 x KL(teacher || model) at temperature T."}

@@ -227,10 +227,11 @@ class Probe:
 
 def every(value: float | None, total_steps: int) -> int | None:
     """Steps between evaluations (or checkpoints): a whole number as given, a fraction in (0, 1) of
-    ``total_steps``; None for None or 0 (never)."""
+    ``total_steps`` rounded up (so that 0.25 of 1,289 steps evaluates at 323, 646, 969 and the end, not also one
+    step before the end); None for None or 0 (never)."""
     if not value:
         return None
-    return max(1, round(value * total_steps)) if value < 1 else int(value)
+    return max(1, math.ceil(value * total_steps - 1e-9)) if value < 1 else int(value)
 
 
 def _round(value: float | None) -> float | None:

@@ -92,6 +92,7 @@ def run_summary(run: TrainingRun, state: RunState, outcome: FitOutcome) -> dict[
         **({"time_budget": run.budget.record(state.step, state.train_seconds, outcome.stopped_by_time_budget)}
            if run.budget is not None else {}),
         **({"kept": outcome.kept} if outcome.kept else {}),
+        **({"calibration": outcome.calibration} if outcome.calibration else {}),
         "hardware": describe_hardware(run.accelerator.device, run.accelerator.num_processes),
         "mixed_precision": effective_precision(run.accelerator), "num_processes": run.accelerator.num_processes,
         "final_metrics": outcome.final_metrics,

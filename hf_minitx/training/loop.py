@@ -37,6 +37,7 @@ from ..data.streaming import save_stream_position
 from ..folders import PARTIAL_SUFFIX, lock_folder, output_path, unlock_folder
 from .arguments import DataArguments, ModelArguments, TrainArguments, parse_training_args
 from .budget import Probe
+from .calibration import calibrate
 from .checkpoints import (
     CHECKPOINT_PREFIX,
     list_checkpoints,
@@ -124,11 +125,14 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
     if at_chance:
         summary["warning"] = at_chance
     split = planned_split(plan.shape_plan)  # this run is a teacher: the student's folder is pushed, at the end
+    push = train_args.push_to_hub and not split and outcome.late_signal is None
     received = finish(run, tokenizer, summary,
                       max_new_tokens=data_args.max_target_length if not plan.objective.shift else 128,
-                      push_to=train_args.hub_model_id if train_args.push_to_hub and not split else None)
-    if received is not None:
-        raise Interrupted(f"{signal.Signals(received).name} arrived during the final save, which was completed first: "
+                      push_to=train_args.hub_model_id if push else None)
+    if received is not None or outcome.late_signal is not None:
+        received, during = ((received, "the final save") if received is not None
+                            else (outcome.late_signal, "the temperature fit"))
+        raise Interrupted(f"{signal.Signals(received).name} arrived during {during}, which was completed first: "
                           f"{plan.output_dir} holds the finished model of {state.step} steps (not pushed)",
                           128 + received)
     if at_chance and run.accelerator.is_main_process:
@@ -211,6 +215,11 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
                 outcome.checkpoint = checkpoint_of_last_step(run, state, untrained)
         if outcome.interrupted_by is None:
             keep_best(run, state, outcome)
+    if outcome.interrupted_by is None and settings.calibrate:  # seconds, then the final save: a signal waits for both
+        with StopSignals(then="completing the temperature fit and the final save, then stopping",
+                         quit_on_second=False) as late:
+            calibrate_temperature(run, state, outcome)
+        outcome.late_signal = late.received
     outcome.cpu_seconds = time.process_time() - cpu_start
     return outcome
 
@@ -343,8 +352,9 @@ def log_train(run: TrainingRun, state: RunState, interval: Interval, learning_ra
     run.accelerator.log({"train_loss": loss, "learning_rate": learning_rate}, step=state.step)
 
 
-def validate(run: TrainingRun, state: RunState) -> dict[str, float]:
-    """Run the evaluation, keep its samples in the state, write an eval record; returns the metrics."""
+def validate(run: TrainingRun, state: RunState, **record: Any) -> dict[str, float]:
+    """Run the evaluation, keep its samples in the state, write an eval record (with ``record``'s fields
+    beside the metrics); returns the metrics."""
     metrics, state.last_samples = run.evaluation(run.model, run.accelerator)
     run.model.train()
     if run.best is not None:
@@ -354,13 +364,21 @@ def validate(run: TrainingRun, state: RunState) -> dict[str, float]:
         state.best_step, state.best_metrics = run.best.step, run.best.metrics
     if run.accelerator.is_main_process:
         if run.output_dir is not None:
-            append_metrics(run.output_dir, {"type": "eval", "step": state.step, **metrics})
+            append_metrics(run.output_dir, {"type": "eval", "step": state.step, **record, **metrics})
         shown = ", ".join(f"{k.removeprefix('eval_')} {v:.4g}" for k, v in metrics.items())
-        tqdm.write(f"[eval step {state.step}] {shown}")
+        tqdm.write(f"[eval step {state.step}{''.join(f', {k} {v:g}' for k, v in record.items())}] {shown}")
         for sample in state.last_samples:
             tqdm.write(f"  {sample['prompt']!r} -> {sample['output']!r}")
     run.accelerator.log(metrics, step=state.step)
     return metrics
+
+
+def calibrate_temperature(run: TrainingRun, state: RunState, outcome: FitOutcome) -> None:
+    """--calibrate_temperature: fit the temperature on the validation split and fold it into the weights
+    (``calibration.py``), then evaluate the model as it will be saved: its metrics are the final ones."""
+    outcome.calibration = calibrate(run.model, run.evaluation.loader, run.objective, run.accelerator)
+    if outcome.calibration is not None and outcome.calibration["logit_scale"] != 1.0:
+        outcome.final_metrics = validate(run, state, temperature=outcome.calibration["temperature"])
 
 
 def evaluate_and_check_target(run: TrainingRun, state: RunState, outcome: FitOutcome) -> bool:

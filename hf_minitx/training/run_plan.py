@@ -103,6 +103,8 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     config = build_config(settings, model_args.preset or DEFAULT_PRESET)
     if train_args.late_dropout is None:  # the task's default (see TrainArguments.late_dropout)
         train_args.late_dropout = LATE_DROPOUT if data_args.task == "causal-lm" else 0.0
+    if train_args.calibrate_temperature is None:  # the task's default (see TrainArguments.calibrate_temperature)
+        train_args.calibrate_temperature = data_args.task == "causal-lm"
     check_training_arguments(train_args)
     check_data_arguments(config, data_args)
     check_streaming_arguments(data_args, train_args)

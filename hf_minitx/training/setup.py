@@ -100,6 +100,7 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
         max_grad_norm=train_args.max_grad_norm or None, show_progress=not train_args.disable_tqdm,
         max_seconds=budget.cap_seconds if budget is not None else None,
         late_dropout=late_dropout_plan(train_args, plan.config, batches_per_epoch, k),
+        calibrate=train_args.calibrate_temperature,
     )
     stream = None
     if plan.data_args.streaming:  # this process's rows, tokenized and packed on the fly, from the saved position

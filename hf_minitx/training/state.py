@@ -66,6 +66,7 @@ class LoopSettings:
     stop_when: tuple[str, float] | None = None  # (eval metric, target): stop once an evaluation reaches it
     show_progress: bool = True
     late_dropout: tuple[int, float] | None = None  # (from step, probability): hidden dropout switched on there
+    calibrate: bool = False  # --calibrate_temperature: fit the temperature on the validation split at the end
 
 
 @dataclass
@@ -101,3 +102,5 @@ class FitOutcome:
     interrupted_by: int | None = None  # the signal (SIGINT, SIGTERM) that stopped the run
     checkpoint: Path | None = None  # saved on interruption
     kept: dict[str, Any] | None = None  # --load_best_model_at_end: which evaluation's weights the folder holds
+    calibration: dict[str, Any] | None = None  # --calibrate_temperature: the temperature folded into the weights
+    late_signal: int | None = None  # a stop signal during the temperature fit: the run finishes, then says so

@@ -691,3 +691,13 @@ def test_a_model_path_that_does_not_exist_or_is_a_file_is_said_so(tmp_path, monk
         err = capsys.readouterr().err
         assert err.startswith(f"error: {said}") and err.count("\n") == 1, err
     assert os.listdir() == ["notes.txt"]
+
+
+def test_card_says_what_temperature_was_folded_into_the_weights(causal_copy):
+    fitted = {"temperature": 1.0949, "logit_scale": 0.91331, "fitted_on_tokens": 16256, "fitted_loss_before": 3.32147,
+              "fitted_loss_after": 3.30100}
+    _write_records(causal_copy, "causal-lm", CAUSAL_METRICS, calibration=fitted)
+    assert ("| Temperature | the logits divided by 1.0949, folded into the final norm: fitted on 16,256 validation "
+            "tokens, loss 3.3215 → 3.3010 |") in render_model_card(causal_copy)
+    _write_records(causal_copy, "causal-lm", CAUSAL_METRICS, calibration={**fitted, "logit_scale": 1.0})
+    assert "| Temperature |" not in render_model_card(causal_copy)  # fitted, but not worth folding in

@@ -187,3 +187,28 @@ def test_dropout_only_in_training_mode():
     torch.testing.assert_close(model(ids).logits, model(ids).logits)
     model.train()
     assert not torch.allclose(model(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("kind", ["causal", "seq2seq"])
+def test_scale_output_logits_multiplies_lm_head_output_in_the_weights(variant, kind):
+    """Temperature calibration's fold: `lm_head`'s output times the scale, before the soft cap (which ALL_OPTIONS
+    sets), with pre- and post-LN, LayerNorm and RMSNorm; a tied head stays tied to an unchanged embedding."""
+    from hf_minitx.models.lm_head_minitx import soft_cap
+
+    model = (tiny_causal if kind == "causal" else tiny_seq2seq)(**variant)
+    ids = random_ids(2, 10)
+    inputs = {"input_ids": ids} if kind == "causal" else {"input_ids": ids, "decoder_input_ids": ids[:, :6]}
+    caught = []
+    model.lm_head.register_forward_hook(lambda _m, _i, out: caught.append(out))
+    with torch.no_grad():
+        model(**inputs)
+        embedding = model.get_input_embeddings().weight.clone()
+        model.scale_output_logits(0.8)
+        logits = model(**inputs).logits
+    assert torch.allclose(caught[1], 0.8 * caught[0], atol=1e-5)
+    assert torch.allclose(logits, soft_cap(0.8 * caught[0], model.config.final_logit_softcap), atol=1e-5)
+    assert not torch.allclose(caught[1], caught[0], atol=1e-3)  # it did change them
+    assert torch.equal(model.get_input_embeddings().weight, embedding)
+    if model.config.tie_word_embeddings:
+        assert model.lm_head.weight is model.get_input_embeddings().weight

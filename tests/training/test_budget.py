@@ -239,7 +239,8 @@ def test_the_best_weights_survive_a_resume_and_are_the_ones_saved(text_file, tmp
 
     monkeypatch.setattr(evaluation.TextEvaluation, "__call__", scripted)
     out = tmp_path / "best"
-    common = ("--eval_steps", "10", "--checkpointing_steps", "10", "--save_total_limit", "10")
+    common = ("--eval_steps", "10", "--checkpointing_steps", "10", "--save_total_limit", "10",
+              "--calibrate_temperature", "false")  # the kept weights as they were (a fitted temperature changes them)
     main(causal_args(text_file, out, "--max_steps", "30", *common))
     from accelerate.state import AcceleratorState, GradientState
 
@@ -298,6 +299,12 @@ def test_half_of_a_timed_run_is_half_of_its_final_plan_and_the_bar_waits_for_the
     main(causal_args(text_file, out, "--max_minutes", "0.1", "--eval_steps", "0.5"))
     planned = summary_of(out)["time_budget"]["planned_steps"]
     assert summary_of(out)["steps"] == planned
-    evaluations = [r["step"] for r in records(out, "eval")]
+    evaluations = [r["step"] for r in records(out, "eval") if "temperature" not in r]  # not the calibrated model's
     assert evaluations == [20, every(0.5, planned), planned]  # the probe's timed one, half of the run, the end
     assert bars[0] is None and bars[1].total == planned  # no billion-step total before the plan
+
+
+def test_a_fraction_of_the_run_rounds_up_so_no_evaluation_falls_just_before_the_end():
+    assert (every(0.25, 1289), every(0.25, 1288), every(0.1, 30), every(0.5, 3)) == (323, 322, 3, 2)
+    assert [s for s in range(1, 1290) if s % every(0.25, 1289) == 0] == [323, 646, 969]  # then the end, 1289
+    assert (every(0.001, 10), every(200, 10), every(0, 10), every(None, 10)) == (1, 200, None, None)

@@ -50,11 +50,18 @@ import hf_minitx.training.end_of_run as end_of_run
 import hf_minitx.training.loop as loop
 where = os.environ["TEST_PAUSE_IN"]
 real_validate, real_save = loop.validate, end_of_run.save_final_model
-def paused_validate(run, state):
-    if where == "final-eval" and state.step == run.settings.total_steps:
+def paused_validate(run, state, **record):
+    if where == "final-eval" and state.step == run.settings.total_steps and not record:
         print("PAUSED", flush=True)
         time.sleep(3)
-    return real_validate(run, state)
+    return real_validate(run, state, **record)
+real_calibrate = loop.calibrate
+def paused_calibrate(*args, **kwargs):
+    if where == "temperature-fit":
+        print("PAUSED", flush=True)
+        time.sleep(3)
+    return real_calibrate(*args, **kwargs)
+loop.calibrate = paused_calibrate
 def paused_save(*args, **kwargs):
     result = real_save(*args, **kwargs)
     if where == "final-save":
@@ -81,6 +88,18 @@ def run_paused(args: list[str], where: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def signal_when_paused(args: list[str], where: str, sig: int, code: int) -> str:
+    """Run ``args`` paused at ``where``, send ``sig`` there, and check it exits with ``code`` and no traceback;
+    returns its stderr."""
+    process = run_paused(args, where)
+    assert any(line.strip() == "PAUSED" for line in iter(process.stdout.readline, ""))
+    process.send_signal(sig)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == code, stderr
+    assert "Traceback" not in stderr
+    return stderr
+
+
 def partials(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if ".partial" in p.name]
 
@@ -92,12 +111,7 @@ def partials(folder: Path) -> list[Path]:
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_at_the_final_evaluation_saves_the_last_step_and_resumes(five_steps, text_file, tmp_path, sig, code):  # noqa: F811
     out = tmp_path / "run"
-    process = run_paused(["train", *causal_args(text_file, out, *FIVE)], "final-eval")
-    assert any(line.strip() == "PAUSED" for line in iter(process.stdout.readline, ""))
-    process.send_signal(sig)
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == code, stderr
-    assert "Traceback" not in stderr
+    stderr = signal_when_paused(["train", *causal_args(text_file, out, *FIVE)], "final-eval", sig, code)
     assert f"after step 5; saved {out / 'checkpoint-5'}" in stderr and "--resume_from_checkpoint latest" in stderr
     assert (out / "checkpoint-5" / "run_state.json").is_file() and not (out / "training_summary.json").exists()
     train_main(causal_args(text_file, out, *FIVE, "--resume_from_checkpoint", "latest"))  # the same command
@@ -108,17 +122,26 @@ def test_signal_at_the_final_evaluation_saves_the_last_step_and_resumes(five_ste
 @pytest.mark.slow
 def test_signal_during_the_final_save_completes_it(text_file, tmp_path, capsys):  # noqa: F811
     out = tmp_path / "run"
-    process = run_paused(["train", *causal_args(text_file, out, *FIVE)], "final-save")
-    assert any(line.strip() == "PAUSED" for line in iter(process.stdout.readline, ""))
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 143, stderr
-    assert "Traceback" not in stderr and "during the final save, which was completed first" in stderr
+    stderr = signal_when_paused(["train", *causal_args(text_file, out, *FIVE)], "final-save", signal.SIGTERM, 143)
+    assert "during the final save, which was completed first" in stderr
     assert (out / "model.safetensors").is_file() and (out / "training_summary.json").is_file()
     assert partials(out) == []
     args = ["train", *causal_args(text_file, out, *FIVE, "--resume_from_checkpoint", "latest")]
     assert minitx(args) == 0  # the same command resumed: nothing left to do
     assert "already complete at step 5" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_the_temperature_fit_finishes_the_run_then_says_so(
+        five_steps, text_file, tmp_path, sig, code):  # noqa: F811
+    out = tmp_path / "run"
+    stderr = signal_when_paused(["train", *causal_args(text_file, out, *FIVE)], "temperature-fit", sig, code)
+    assert "during the temperature fit, which was completed first" in stderr
+    assert partials(out) == []
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["steps"] == 5 and "calibration" in summary
+    assert_same_weights(five_steps, out)  # the model an uninterrupted run saves
 
 
 def test_a_second_ctrl_c_during_the_final_save_still_completes_it(text_file, tmp_path, capsys):  # noqa: F811

@@ -116,8 +116,15 @@ def test_causal_lm_loss_falls_and_records_metrics(causal_run):
     assert last < 0.7 * first, (first, last)
     assert {"epoch", "learning_rate", "tokens_per_second", "tokens_seen", "elapsed_seconds"} <= set(train[-1])
     assert train[-1]["tokens_seen"] == 30 * 8 * 32  # every token of every block was read
-    (final,) = records(causal_run, "eval")
-    assert final["step"] == 30
+    final, calibrated = records(causal_run, "eval")  # the last step's, then the model with its fitted temperature
+    assert final["step"] == calibrated["step"] == 30
+    summary = json.loads((causal_run / "training_summary.json").read_text())
+    fitted = summary["calibration"]
+    assert calibrated["temperature"] == fitted["temperature"] == round(1 / fitted["logit_scale"], 4)
+    assert fitted["fitted_loss_before"] == pytest.approx(final["eval_loss"], rel=1e-6)  # the whole (small) split
+    assert calibrated["eval_loss"] == pytest.approx(fitted["fitted_loss_after"], rel=1e-5)
+    assert calibrated["eval_loss"] < final["eval_loss"]
+    assert summary["final_metrics"] == {k: v for k, v in calibrated.items() if k.startswith("eval_")}
     assert final["eval_perplexity"] == pytest.approx(torch.tensor(final["eval_loss"]).exp().item(), rel=1e-6)
     # bits per byte: nats -> bits, per UTF-8 byte; a ~300-token BPE covers ~3-4 bytes per token
     bits_per_token = final["eval_loss"] / torch.log(torch.tensor(2.0)).item()
@@ -322,9 +329,13 @@ def test_two_processes_match_one_process_at_the_same_global_batch(text_file, tmp
     assert len(loss_two) == 5  # logged once, not once per process
     assert loss_two == pytest.approx(loss_one, rel=1e-5)
     eval_one, eval_two = records(one, "eval"), records(two, "eval")
-    assert len(eval_two) == 1
-    assert eval_two[0]["eval_loss"] == pytest.approx(eval_one[0]["eval_loss"], rel=1e-5)
-    assert json.loads((two / "training_summary.json").read_text())["num_processes"] == 2
+    assert len(eval_two) == len(eval_one) == 2  # the last step's, then the calibrated model's
+    assert [r["eval_loss"] for r in eval_two] == pytest.approx([r["eval_loss"] for r in eval_one], rel=1e-5)
+    summary_one, summary_two = (json.loads((d / "training_summary.json").read_text()) for d in (one, two))
+    assert summary_two["num_processes"] == 2  # the temperature is fitted on the same tokens, split over processes:
+    assert summary_two["calibration"]["fitted_on_tokens"] == summary_one["calibration"]["fitted_on_tokens"]
+    assert summary_two["calibration"]["logit_scale"] == pytest.approx(summary_one["calibration"]["logit_scale"],
+                                                                      rel=1e-4)
     a, b = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
