@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -57,11 +58,13 @@ def cached_logits(
             model(**objective.model_inputs(batch))
             logits = caught.pop()  # (batch, seq, vocab)
             if batches is None:  # one decision for every process: they must call gather_for_metrics alike
-                first = torch.tensor(logits.numel(), device=accelerator.device)
-                batches = max(1, max_elements // int(accelerator.reduce(first, "max").item()))
+                first = torch.tensor([logits.numel()], device=accelerator.device)
+                batches = max(1, max_elements // int(accelerator.gather(first).max().item()))
             real = real_rows(accelerator, len(logits))  # (batch,) bool
             cache.append((logits[real], batch["labels"][real]))
             if len(cache) == batches:
+                if hasattr(loader, "end"):  # a prepared loader left early: unregistered as a finished one is
+                    loader.end()
                 break
     finally:
         hook.remove()
@@ -123,6 +126,7 @@ def calibrate(
         logger.warning("the temperature is not calibrated in an FSDP run (--calibrate_temperature false hides this)")
         return None
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+    objective = replace(objective, input_noise=0.0)  # fitted on the text as it is read at inference
     cache = cached_logits(unwrapped, loader, objective, accelerator)
     cap = unwrapped.config.final_logit_softcap
     before, tokens = validation_nats(cache, 1.0, cap, objective.shift, accelerator)

@@ -215,11 +215,12 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
                 outcome.checkpoint = checkpoint_of_last_step(run, state, untrained)
         if outcome.interrupted_by is None:
             keep_best(run, state, outcome)
-    if outcome.interrupted_by is None and settings.calibrate:  # seconds, then the final save: a signal waits for both
+    if outcome.interrupted_by is None and settings.calibrate and not refused:  # seconds, then the final save
         with StopSignals(then="completing the temperature fit and the final save, then stopping",
                          quit_on_second=False) as late:
             calibrate_temperature(run, state, outcome)
-        outcome.late_signal = late.received
+        # every process stops alike, as after a step: one that got no signal must not push and exit 0
+        outcome.late_signal = late.received or (signal.SIGTERM if stop_wished(run, late.received) else None)
     outcome.cpu_seconds = time.process_time() - cpu_start
     return outcome
 
@@ -357,7 +358,7 @@ def validate(run: TrainingRun, state: RunState, **record: Any) -> dict[str, floa
     beside the metrics); returns the metrics."""
     metrics, state.last_samples = run.evaluation(run.model, run.accelerator)
     run.model.train()
-    if run.best is not None:
+    if run.best is not None and not record:  # a record's evaluation (the temperature's) is of weights already kept
         if run.best.beaten_by(metrics):  # the same on every process: the metrics are reduced
             run.best.offer(run.accelerator.unwrap_model(run.model, keep_torch_compile=False), state.step, metrics,
                            weights=gathered_weights(run.accelerator, run.model))

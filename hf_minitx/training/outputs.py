@@ -81,12 +81,13 @@ def read_metrics(run_dir: str | Path) -> dict[str, np.ndarray]:
 
 
 def truncate_metrics(output_dir: str | Path, step: int) -> None:
-    """Drop records after ``step`` (a resumed run rewrites them), and a last line cut short by a kill."""
+    """Drop records after ``step`` (a resumed run rewrites them), a calibrated model's evaluation (made after the
+    last step, so after every checkpoint: a resume fits its temperature again), and a last line cut short by a kill."""
     path = Path(output_dir) / METRICS_FILE
     if not path.is_file():
         return
     kept = [line for line in path.read_text(errors="replace").splitlines()
-            if (record := _parse(line)) and record["step"] <= step]
+            if (record := _parse(line)) and record["step"] <= step and "temperature" not in record]
     write_file(path, lambda tmp: tmp.write_text("".join(line + "\n" for line in kept)))
 
 

@@ -157,6 +157,7 @@ def test_a_budget_shorter_than_a_step_saves_no_model_and_resumes_with_the_budget
     assert "--max_minutes 0.005 (0.3 s) ran out after 1 step(s) of about" in said
     assert "no model is saved as the run's result" in said
     assert not (out / "training_summary.json").exists() and not (out / "model.safetensors").exists()
+    assert "temperature" not in (out / "metrics.jsonl").read_text()  # no fit for a model that is not the result
     suggested = said.split("--resume_from_checkpoint latest --max_minutes ")[1].split()[0]
     assert float(suggested) > 0.005 and (out / "checkpoint-1").is_dir()
     _reset_accelerate()

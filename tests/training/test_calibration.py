@@ -76,3 +76,17 @@ def test_the_cache_holds_the_first_batches_that_fit_and_at_least_one():
     assert len(two) == 2 and two[0][0].shape == (4, 8, 64)
     assert torch.equal(two[1][1], loader[1]["labels"])
     assert not model.lm_head._forward_hooks  # the hook is gone
+
+
+def test_the_fit_reads_clean_inputs_whatever_the_training_noise():
+    """--input_noise replaces input tokens in training; the temperature is fitted on the text as inference reads it
+    (noisy contexts would ask for a higher one, and draw from the random generator a resume must not depend on)."""
+    model = tiny_causal()
+    model.scale_output_logits(4.0)
+    loader = sampled_text(model, 1.3)
+    clean = calibrate(model, loader, Objective(shift=True), Accelerator(cpu=True))
+    model.scale_output_logits(1.0 / clean["logit_scale"])  # back to the weights before the fit
+    torch.manual_seed(5)
+    noisy = calibrate(model, loader, Objective(shift=True, input_noise=0.5), Accelerator(cpu=True))
+    assert noisy["temperature"] == clean["temperature"]
+    assert noisy["fitted_loss_before"] == pytest.approx(clean["fitted_loss_before"], rel=1e-6)

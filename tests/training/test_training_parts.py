@@ -138,6 +138,12 @@ def test_resumed_metrics_drop_the_records_after_the_checkpoint(tmp_path):
     truncate_metrics(tmp_path, 2)
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2]
+    # a kill after the last step's checkpoint, during the temperature's evaluation: the resume fits it again
+    append_metrics(tmp_path, {"type": "eval", "step": 2, "eval_loss": 3.0})
+    append_metrics(tmp_path, {"type": "eval", "step": 2, "temperature": 1.1, "eval_loss": 2.9})
+    truncate_metrics(tmp_path, 2)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("eval_loss")) for r in lines] == [(1, None), (2, None), (2, 3.0)]
 
 
 def test_a_metrics_line_that_is_not_utf8_is_named_and_a_resume_drops_it(tmp_path):
