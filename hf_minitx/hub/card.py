@@ -18,6 +18,7 @@ from huggingface_hub.repocard_data import eval_results_to_model_index, model_ind
 
 from ..folders import write_file
 from ..models.configuration_minitx import EXTRA_PIECES, NORM_TYPES, POSITION_KINDS, PositionKind
+from .card_training import human, sanitize, training_rows
 from .folder import AUTO_CLASSES, ModelFolderError, count_parameters, read_safetensors_header
 
 TEMPLATE_NAME = "model_card.md"
@@ -72,26 +73,6 @@ def _count_parameters(folder: Path, config: dict) -> int | None:
     return total
 
 
-def _human(count: float, unit: str = "") -> str:
-    """12_345_678 -> '12.3M'."""
-    for threshold, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if count >= threshold:
-            return f"{count / threshold:.1f}{suffix}{unit}"
-    return f"{count:g}{unit}"
-
-
-def _duration(seconds: float) -> str:
-    """3725.2 -> '1 h 2 min 5 s'."""
-    seconds = round(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    parts = [f"{hours} h"] if hours else []
-    if hours or minutes:
-        parts.append(f"{minutes} min")
-    parts.append(f"{secs} s")
-    return " ".join(parts)
-
-
 def _position_kind(config: dict) -> PositionKind:
     """The kind of the config's position encoding; an unknown name is described by itself, as a table."""
     name = str(config.get("position_embedding_type"))
@@ -126,153 +107,12 @@ def _architecture_rows(config: dict, kind: str, num_parameters: int | None) -> l
             "zero at the start of training" if config.get("zero_init_head") else "",
             f"logits soft-capped: {config['final_logit_softcap']:g}·tanh(logits/{config['final_logit_softcap']:g})"
             if config.get("final_logit_softcap") else ""]))),
-        ("Parameters", f"{num_parameters:,} ({_human(num_parameters)})" if num_parameters else "unknown"),
+        ("Parameters", f"{num_parameters:,} ({human(num_parameters)})" if num_parameters else "unknown"),
         ("Stored dtype", str(config.get("dtype") or config.get("torch_dtype") or "float32")),
     ]
     extras = [what for key, what in EXTRA_PIECES.items() if config.get(key)]  # config.EXTRA_PIECES that are on
     if extras:
         rows.insert(-4, ("Extra pieces", "; ".join(extras)))
-    return rows
-
-
-def _training_rows(summary: dict) -> list[tuple[str, str]]:
-    """(name, value) rows with the recorded training figures."""
-    rows = []
-    if summary.get("preset"):
-        rows.append(("Preset", f"`{summary['preset']}`"))
-    rows += _shape_plan_rows(summary.get("shape_plan"))
-    rows += _phases_rows(summary.get("phases"))
-    if summary.get("steps") is not None:
-        rows.append(("Optimizer steps", f"{int(summary['steps']):,}"))
-    if summary.get("tokens_seen") is not None:
-        rows.append(("Training tokens", f"{int(summary['tokens_seen']):,} ({_human(summary['tokens_seen'])})"))
-    if summary.get("train_seconds") is not None:
-        rows.append(("Training time", _duration(float(summary["train_seconds"]))))
-        if summary.get("tokens_seen"):
-            rate = summary["tokens_seen"] / max(float(summary["train_seconds"]), 1e-9)
-            rows.append(("Throughput", f"{_human(rate)} tokens/s"))
-    rows += _budget_rows(summary)
-    if summary.get("hardware"):
-        rows.append(("Hardware", str(summary["hardware"])))
-    if summary.get("num_processes"):
-        rows.append(("Processes", str(summary["num_processes"])))
-    if summary.get("mixed_precision"):
-        precision = str(summary["mixed_precision"])  # what the steps ran in, not what was asked
-        rows.append(("Mixed precision", "none (fp32)" if precision == "no" else precision))
-    if summary.get("seed") is not None:
-        rows.append(("Seed", str(summary["seed"])))
-    teacher = summary.get("distilled_from")
-    if isinstance(teacher, dict):
-        rows.append(("Distilled from", f"`{_sanitize(str(teacher.get('path')))}` (weights sha256 "
-                     f"{str(teacher.get('weights_digest'))[:12]}): KL weight {teacher.get('weight')} at "
-                     f"temperature {teacher.get('temperature')}"))
-    return rows + _recipe_rows(summary.get("recipe") or {}, summary.get("steps"))
-
-
-def _shape_plan_rows(shape_plan: dict | None) -> list[tuple[str, str]]:
-    """The shape a time budget chose, the candidates it timed and the rule (none for a shape given by hand)."""
-    if not isinstance(shape_plan, dict):
-        return []
-    timed = describe_shape_candidates(shape_plan.get("candidates", []))
-    return [("Shape", f"{shape_plan.get('chosen')}, chosen by the time budget: {shape_plan.get('rule')} ({timed})")]
-
-
-def _phases_rows(phases: dict | None) -> list[tuple[str, str]]:
-    """A row for a budget spent on two models: the teacher's and the student's figures, and the one kept."""
-    if not isinstance(phases, dict) or not isinstance(phases.get("teacher"), dict):
-        return []
-
-    def phase(name: str) -> str:
-        figures = phases.get(name) or {}
-        return (f"{name} {figures.get('steps')} steps, {figures.get('passes'):.1f} passes, validation loss "
-                f"{figures.get('eval_loss', float('nan')):.4f}")
-
-    return [("Two models", f"one model would have passed over the data {phases.get('passes_of_one_model'):g} times "
-             f"(more than {phases.get('passes_per_model'):g}): a teacher, then a student learning from it (KL term); "
-             f"{phase('teacher')}; {phase('student')}; this folder holds the {phases.get('model_kept')}")]
-
-
-def describe_shape_candidates(candidates: list[dict]) -> str:
-    """One line of the shapes a time budget timed: step time, planned passes, effective tokens per parameter."""
-    return "; ".join(f"{c['shape']}: {c['seconds_per_step'] * 1000:.0f} ms a step, {c['planned_passes']:g} passes, "
-                     f"{c['tokens_per_parameter']:g} tokens per parameter" for c in candidates)
-
-
-def _budget_rows(summary: dict) -> list[tuple[str, str]]:
-    """Rows of the budget's plan and what ran, the passes over the data, the weights kept and the temperature."""
-    rows = []
-    budget = summary.get("time_budget") or {}
-    if budget.get("planned_steps"):
-        ended = "the plan ran to its end" if budget.get("ended_by") == "plan" else "the clock stopped it first"
-        planned_for = (f" (planned for {budget['planned_for_minutes']:g} min before a resume)"
-                       if budget.get("planned_for_minutes") else "")
-        rows.append(("Time budget", f"{budget['budget_minutes']:g} min: {budget['planned_steps']:,} steps planned"
-                     f"{planned_for} after a {budget['probe_steps']}-step timed probe; "
-                     f"{budget['steps_run']:,} ran ({ended})"))
-    if summary.get("epochs") is not None:
-        rows.append(("Passes over the training data", f"{float(summary['epochs']):.2f}"))
-    kept = summary.get("kept") or {}
-    if kept and kept.get("step") != kept.get("last_step"):
-        rows.append(("Weights kept", f"step {kept['step']:,} (best validation loss {kept['eval_loss']:.4f}; the last "
-                     f"step, {kept['last_step']:,}, scored {kept['last_eval_loss']:.4f})"))
-    fit = summary.get("calibration") or {}
-    if fit.get("logit_scale", 1.0) != 1.0:
-        rows.append(("Temperature", f"the logits divided by {fit['temperature']:g}, folded into the final norm: fitted "
-                     f"on {fit['fitted_on_tokens']:,} validation tokens, loss {fit['fitted_loss_before']:.4f} → "
-                     f"{fit['fitted_loss_after']:.4f}"))
-    return rows
-
-
-def _momentum_text(group: dict) -> str:
-    """", momentum 0.85" (Muon) or ", betas (0.9, 0.98)" (AdamW) of a recorded group; "" for older records."""
-    if "momentum" in group:
-        return f", momentum {group['momentum']:g}"
-    if "betas" in group:
-        return ", betas ({:g}, {:g})".format(*group["betas"])
-    return ""
-
-
-def _recipe_rows(recipe: dict, steps: int | None = None) -> list[tuple[str, str]]:
-    """(name, value) rows of the recorded recipe: optimizer and its groups, schedule, batch, lengths, clipping,
-    late dropout (``steps``: the steps that ran)."""
-    rows = []
-    if recipe.get("optimizer"):
-        rows.append(("Optimizer", f"`{recipe['optimizer']}`"))
-    for group in recipe.get("parameter_groups") or []:
-        rows.append((f"Group `{group['name']}`", f"{group['optimizer']}, peak lr {group['learning_rate']:g}, "
-                     f"weight decay {group['weight_decay']:g}{_momentum_text(group)}, {group['tensors']} tensors, "
-                     f"{int(group['parameters']):,} parameters"))
-    schedule = recipe.get("schedule") or {}
-    if schedule.get("unplanned"):
-        rows.append(("Schedule", f"`{schedule['type']}`, {schedule['warmup_steps']} warmup steps; "
-                                 f"{schedule['unplanned']}"))
-    elif schedule:
-        text = f"`{schedule['type']}`, {schedule['warmup_steps']} warmup steps, {schedule['total_steps']:,} steps"
-        if "decay_steps" in schedule:
-            text += f", linear decay over the last {schedule['decay_steps']:,} to {schedule['min_lr_ratio']:g} x peak"
-        if schedule.get("peak_reached") is False:
-            text += " (the warmup outlasted the run: the peak rate was never reached)"
-        for change in schedule.get("schedule_changes") or []:
-            text += (f"; from step {change['step']:,} laid over {change['total_steps']:,} steps instead of "
-                     f"{change['total_steps_before']:,} (a resume)")
-        rows.append(("Schedule", text))
-    if recipe.get("global_batch_size"):
-        rows.append(("Batch", f"{recipe['global_batch_size']} rows per optimizer step "
-                     f"({recipe.get('per_device_train_batch_size')} per process x "
-                     f"{recipe.get('gradient_accumulation_steps', 1)} accumulation)"))
-    for key, name in (("block_size", "Block size"), ("max_source_length", "Source length"),
-                      ("max_target_length", "Target length")):
-        if recipe.get(key):
-            rows.append((name, f"{recipe[key]} tokens"))
-    if recipe.get("max_grad_norm"):
-        rows.append(("Gradient clipping", f"{recipe['max_grad_norm']:g}"))
-    late = recipe.get("late_dropout")
-    if late:
-        text = (f"{late['probability']:g} on the embeddings and sub-layer outputs from step {late['from_step']:,}, "
-                f"after {late['after_passes']:g} passes over the training data")
-        reached = steps is None or steps > late["from_step"]
-        rows.append(("Late dropout", text if reached else f"none: the run ended before step {late['from_step']:,}, "
-                     f"where {late['probability']:g} would have started"))
     return rows
 
 
@@ -365,12 +205,6 @@ def _tokenizer_description(folder: Path, config: dict) -> str:
     return text
 
 
-def _sanitize(text: str, limit: int = 300) -> str:
-    """One line, no backticks or pipes, at most `limit` characters: safe inside inline code in a table cell."""
-    flat = " ".join(str(text).replace("`", "'").replace("|", "/").split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
-
-
 def build_card_data(kind: str, summary: dict | None, model_name: str, license: str) -> ModelCardData:
     """The YAML metadata of the card: library, pipeline tag, tags, license, datasets, model-index."""
     summary = summary or {}
@@ -413,7 +247,7 @@ def render_model_card(
                                f"config.json describes a {kind} model.")
     name = repo_id.split("/")[-1] if repo_id else folder.resolve().name
     metrics = _finite_metrics(summary)
-    samples = [{"prompt": _sanitize(s.get("prompt", "")), "output": _sanitize(s.get("output", ""))}
+    samples = [{"prompt": sanitize(s.get("prompt", "")), "output": sanitize(s.get("output", ""))}
                for s in ((summary or {}).get("sample_generations") or [])[:5] if isinstance(s, dict)]
     dataset = (summary or {}).get("dataset") or "an unrecorded dataset"
     max_positions = config.get("max_position_embeddings")
@@ -442,12 +276,12 @@ def render_model_card(
         has_summary=summary is not None,
         dataset_label=f"`{dataset}`",
         dataset_config=(summary or {}).get("dataset_config"),
-        training_rows=_training_rows(summary or {}),
+        training_rows=training_rows(summary or {}),
         has_loss_curve=(folder / "loss_curve.png").is_file(),
         explorer_file=EXPLORER_FILE if (folder / EXPLORER_FILE).is_file() else None,
         metric_rows=[(_metric_meta(k)[1], _shown_metric(k, v)) for k, v in metrics.items()],
         coverage_sentence=_coverage_sentence(summary),
-        warning=_sanitize(str((summary or {}).get("warning") or "").removeprefix("warning: "), limit=1000),
+        warning=sanitize(str((summary or {}).get("warning") or "").removeprefix("warning: "), limit=1000),
         samples=samples,
         tokenizer_description=_tokenizer_description(folder, config),
         auto_class=AUTO_CLASSES[kind],

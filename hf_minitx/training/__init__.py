@@ -5,7 +5,8 @@ the arguments are the dataclasses of `hf_minitx.training.arguments`, the model s
 shipped in `hf_minitx/training/presets/`.
 """
 
-from .arguments import DataArguments, ModelArguments, TrainArguments, available_presets, load_preset
+from .arguments import DataArguments, ModelArguments, TrainArguments
+from .model_presets import available_presets, load_preset
 
 __all__ = ["ModelArguments", "DataArguments", "TrainArguments", "available_presets", "load_preset", "train"]
 

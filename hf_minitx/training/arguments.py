@@ -5,8 +5,9 @@ defaults and the command line overrides them::
 
     minitx train my-run.json --max_steps 500
 
-Model shapes come from presets (``--preset NAME|PATH``): flat JSON files of ``MiniTxConfig`` fields
-shipped in the package (``hf_minitx/training/presets/``), or a JSON file of your own. A preset may also hold a
+Model shapes come from presets (``--preset NAME|PATH``, read by ``model_presets.py``): flat JSON files of
+``MiniTxConfig`` fields shipped in the package (``hf_minitx/training/presets/``), or a JSON file of your own. A preset
+may also hold a
 ``"training"`` object of training arguments (e.g. ``gpt2-style``'s AdamW and cosine schedule): they replace the
 argument defaults, and an arguments file or the command line still overrides them.
 """
@@ -17,15 +18,13 @@ import difflib
 import json
 import typing
 from dataclasses import dataclass, field, fields
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from ..models import MiniTxConfig
+from .model_presets import PRESET_TRAINING, read_preset
 
-PRESETS = resources.files(__package__) / "presets"  # JSON files shipped inside the package
 DEFAULT_PRESET = "default"  # the blocks of a run without --preset (a time budget then chooses the shape)
 ARGS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
 
@@ -405,53 +404,11 @@ def parse_training_args(argv: list[str] | None = None) -> tuple[ModelArguments, 
     return model_args, data_args, train_args
 
 
-def available_presets() -> dict[str, str]:
-    """Preset names shipped in the package with their one-line descriptions."""
-    files = sorted((f for f in PRESETS.iterdir() if f.name.endswith(".json")), key=lambda f: f.name)
-    return {f.name.removesuffix(".json"): json.loads(f.read_text()).get("description", "") for f in files}
-
-
-def preset_path(preset: str) -> Path | None:
-    """The JSON file of a preset path, or None for a shipped preset name."""
-    path = Path(preset)
-    return path if path.suffix == ".json" and path.is_file() else None
-
-
-def _read_preset(preset: str) -> dict[str, Any]:
-    """The JSON object of a preset name or path."""
-    path = preset_path(preset) or PRESETS / f"{preset}.json"
-    if not path.is_file():
-        listing = "; ".join(f"{name} ({text})" for name, text in available_presets().items())
-        raise ValueError(f"unknown preset {preset!r}: give a JSON file path or one of these names: {listing}")
-    try:
-        values = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"preset {path} is not valid JSON ({error}); fix the file or pick a shipped preset") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"preset {path} must hold a JSON object of MiniTxConfig fields")
-    return values
-
-
-def load_preset(preset: str) -> dict[str, Any]:
-    """MiniTxConfig fields of a preset name or JSON path (the ``description`` and ``training`` keys are dropped);
-    an unknown field is a ValueError with the closest names."""
-    values = _read_preset(preset)
-    values.pop("description", None)
-    values.pop(PRESET_TRAINING, None)
-    where = preset_path(preset) or PRESETS / f"{preset}.json"
-    for name in values:
-        check_config_field(name, f"preset {where}")
-    return values
-
-
-PRESET_TRAINING = "training"  # the preset key of its training-argument defaults
-
-
 def preset_training(preset: str) -> dict[str, Any]:
     """The training-argument defaults a preset brings (``{}`` for none; an unknown preset is left to
     ``load_preset``'s error); an unknown argument name is a ValueError naming the preset."""
     try:
-        values = _read_preset(preset).get(PRESET_TRAINING) or {}
+        values = read_preset(preset).get(PRESET_TRAINING) or {}
     except ValueError:
         return {}
     if not isinstance(values, dict):
@@ -461,42 +418,3 @@ def preset_training(preset: str) -> dict[str, Any]:
     return typed_values(values, f"preset {preset}")
 
 
-def check_config_field(name: str, where: str) -> None:
-    """Refuse a name that is not a MiniTxConfig field, naming the closest fields (``where``: its source)."""
-    names = [f.name for f in fields(MiniTxConfig)]
-    if name not in names:
-        close = difflib.get_close_matches(name, names, n=3)
-        hint = f"; did you mean {' or '.join(close)}?" if close else "; see MiniTxConfig for the field names"
-        raise ValueError(f"{where}: {name!r} is not a MiniTxConfig field{hint}")
-
-
-def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
-    """'a=1,b=0.1,c=rope' -> {'a': 1, 'b': 0.1, 'c': 'rope'}: each value read by the MiniTxConfig field's type.
-
-    An unknown name raises ValueError with the closest field names; so does a value of the wrong type
-    (bools take true/false/1/0/yes/no, optional fields take none/null).
-    """
-    types = {f.name: f.type for f in fields(MiniTxConfig)}
-    result: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in (overrides or "").split(","))):
-        if "=" not in item:
-            raise ValueError(f"config override {item!r} must look like name=value (e.g. hidden_size=128)")
-        name, raw = (s.strip() for s in item.split("=", 1))
-        check_config_field(name, "--config_overrides")
-        options = typing.get_args(types[name]) or (types[name],)  # int | None -> (int, NoneType)
-        if type(None) in options and raw.lower() in ("none", "null"):
-            result[name] = None
-            continue
-        kinds = [t for t in options if t is not type(None)]
-        kind = kinds[0] if len(kinds) == 1 and kinds[0] in (bool, int, float, str) else None
-        words = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-        try:
-            if kind is bool:
-                result[name] = words[raw.lower()]
-            elif kind in (int, float, str):
-                result[name] = kind(raw)
-            else:
-                result[name] = json.loads(raw)
-        except (KeyError, ValueError):
-            raise ValueError(f"config override {name}={raw!r}: expected {getattr(kind, '__name__', 'JSON')}") from None
-    return result

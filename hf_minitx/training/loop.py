@@ -47,7 +47,7 @@ from .checkpoints import (
 )
 from .end_of_run import finish, gathered_weights, keep_best, train_summary
 from .evaluation import chance_note
-from .outputs import append_metrics
+from .outputs import CALIBRATED, append_metrics
 from .phases import continue_phases, past_first_phase
 from .run_folder import abandon_setup, lock_output_folder, release_unclaimed
 from .run_length import evaluation_passed, lay_plan, refuse_unplanned_budget, switch_on_late_dropout
@@ -379,7 +379,7 @@ def calibrate_temperature(run: TrainingRun, state: RunState, outcome: FitOutcome
     (``calibration.py``), then evaluate the model as it will be saved: its metrics are the final ones."""
     outcome.calibration = calibrate(run.model, run.evaluation.loader, run.objective, run.accelerator)
     if outcome.calibration is not None and outcome.calibration["logit_scale"] != 1.0:
-        outcome.final_metrics = validate(run, state, temperature=outcome.calibration["temperature"])
+        outcome.final_metrics = validate(run, state, **{CALIBRATED: outcome.calibration["temperature"]})
 
 
 def evaluate_and_check_target(run: TrainingRun, state: RunState, outcome: FitOutcome) -> bool:

@@ -80,6 +80,9 @@ def read_metrics(run_dir: str | Path) -> dict[str, np.ndarray]:
     return data
 
 
+CALIBRATED = "temperature"  # the key of the eval record of a model with its fitted temperature
+
+
 def truncate_metrics(output_dir: str | Path, step: int) -> None:
     """Drop records after ``step`` (a resumed run rewrites them), a calibrated model's evaluation (made after the
     last step, so after every checkpoint: a resume fits its temperature again), and a last line cut short by a kill."""
@@ -87,7 +90,7 @@ def truncate_metrics(output_dir: str | Path, step: int) -> None:
     if not path.is_file():
         return
     kept = [line for line in path.read_text(errors="replace").splitlines()
-            if (record := _parse(line)) and record["step"] <= step and "temperature" not in record]
+            if (record := _parse(line)) and record["step"] <= step and CALIBRATED not in record]
     write_file(path, lambda tmp: tmp.write_text("".join(line + "\n" for line in kept)))
 
 

@@ -28,15 +28,7 @@ from .argument_checks import (
     check_training_arguments,
     parse_trackers,
 )
-from .arguments import (
-    DEFAULT_PRESET,
-    DataArguments,
-    ModelArguments,
-    TrainArguments,
-    load_preset,
-    parse_config_overrides,
-    preset_path,
-)
+from .arguments import DEFAULT_PRESET, DataArguments, ModelArguments, TrainArguments
 from .budget import resumed_budget
 from .checkpoints import (
     INPUT_FILES,
@@ -50,6 +42,7 @@ from .checkpoints import (
 )
 from .distill import check_distill_arguments, teacher_identity, teacher_record
 from .loss import Objective
+from .model_presets import load_preset, parse_config_overrides, preset_path
 from .outputs import SUMMARY_FILE
 from .shape_plan import SHAPE_PLAN, planned_split, plans_shape, shape_given
 

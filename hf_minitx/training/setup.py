@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..data.sources import dataset_key
 from ..device import keep_freed_memory, pick_device
-from ..hub.card import describe_shape_candidates
+from ..hub.card_training import describe_shape_candidates
 from ..inference import non_finite_weights
 from ..models import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration
 from .arguments import DEFAULT_PRESET, TrainArguments

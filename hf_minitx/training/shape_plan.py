@@ -31,8 +31,9 @@ from torch import nn
 
 from ..models import MiniTxConfig, MiniTxForCausalLM
 from ..models.layers_minitx import ACTIVATIONS
-from .arguments import DataArguments, ModelArguments, TrainArguments, parse_config_overrides
+from .arguments import DataArguments, ModelArguments, TrainArguments
 from .budget import MARGIN
+from .model_presets import parse_config_overrides
 from .optim import build_optimizer, partition_parameters
 
 SHAPE_PLAN = "shape_plan"  # run state and summary key: the shape a time budget chose, the candidates and why

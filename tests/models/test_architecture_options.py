@@ -15,7 +15,7 @@ from test_save_load import run_without_hf_minitx
 from hf_minitx.models.configuration_minitx import HIDDEN_ACTS, NORM_TYPES, POSITION_KINDS
 from hf_minitx.models.layers_minitx import ACTIVATIONS, NORMS, MiniTxMLP, MiniTxRMSNorm, relu_squared
 from hf_minitx.models.positions_minitx import POSITION_ENCODINGS
-from hf_minitx.training.arguments import parse_config_overrides
+from hf_minitx.training.model_presets import parse_config_overrides
 
 KINDS = [("causal", tiny_causal), ("seq2seq", tiny_seq2seq)]
 GREEDY = dict(do_sample=False, max_new_tokens=8, min_new_tokens=8)

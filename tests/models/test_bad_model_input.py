@@ -8,7 +8,7 @@ from conftest import random_ids, tiny_causal, tiny_config, tiny_seq2seq
 
 from hf_minitx import MiniTxConfig
 from hf_minitx.models import lm_head_minitx
-from hf_minitx.training.arguments import parse_config_overrides
+from hf_minitx.training.model_presets import parse_config_overrides
 
 
 @pytest.fixture(scope="module")

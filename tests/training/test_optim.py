@@ -303,7 +303,8 @@ def test_the_schedule_reaches_both_parts_after_accelerate_prepares_and_reloads_t
 def test_gpt2_style_preset_brings_back_adamw_and_cosine_under_the_command_line(tmp_path):
     import json
 
-    from hf_minitx.training.arguments import load_preset, parse_training_args, preset_training
+    from hf_minitx.training.arguments import parse_training_args, preset_training
+    from hf_minitx.training.model_presets import load_preset
 
     model_args, _, train = parse_training_args(["--preset", "gpt2-style"])
     assert (train.optimizer, train.lr_scheduler_type, train.learning_rate, train.warmup_steps) == (

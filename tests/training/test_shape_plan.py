@@ -170,7 +170,8 @@ def test_a_gated_feed_forward_gets_the_parameters_of_the_ungated_one(shape):
 
 def test_the_default_blocks_are_qwen3s_and_export():
     from hf_minitx.hub.export import mapping_problems
-    from hf_minitx.training.arguments import DEFAULT_PRESET, load_preset
+    from hf_minitx.training.arguments import DEFAULT_PRESET
+    from hf_minitx.training.model_presets import load_preset
 
     default = shape_plan.MiniTxConfig(**load_preset(DEFAULT_PRESET))
     assert (default.hidden_act, default.attention_bias, default.qk_norm) == ("swiglu", False, True)

@@ -12,11 +12,11 @@ import torch
 
 from hf_minitx.data.preprocessing import BlockCollator
 from hf_minitx.device import pick_device, pick_dtype
-from hf_minitx.training.arguments import available_presets, load_preset, parse_config_overrides
 from hf_minitx.training.checkpoints import list_checkpoints, rotate_checkpoints, write_run_state
 from hf_minitx.training.data_order import ShiftedWindows, StepIndexedBatchSampler
 from hf_minitx.training.evaluation import exact_match
 from hf_minitx.training.loss import Objective, count_label_tokens, sequence_cross_entropy, token_cross_entropy
+from hf_minitx.training.model_presets import available_presets, load_preset, parse_config_overrides
 from hf_minitx.training.outputs import append_metrics, read_metrics, truncate_metrics
 
 
