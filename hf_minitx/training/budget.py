@@ -8,7 +8,9 @@ become a number of steps before the decay can be placed. The run's own steps are
     at PROBE_STEPS              a first plan; one evaluation is timed too if the run evaluates along the way
     REPLAN_FROM..REPLAN_AT      the stable phase of warmup_stable_decay (or constant_with_warmup), whose rate does
     of the first plan           not depend on the length either: timed again, over many more steps, once the
-                                machine has settled (the first hundred steps of a run are often the slowest)
+                                machine has settled (the first hundred steps of a run are often the slowest);
+                                after the step from which steps cost more (``slower_from``: late dropout) when
+                                that step lies before the decay, so the plan prices the steps it has left
     at REPLAN_AT                the final plan, fixed once
 
 Every process measures and the mean is taken (one reduce), so all agree. The plan is recorded in every
@@ -36,6 +38,8 @@ REPLAN_FROM, REPLAN_AT = 0.2, 0.5  # the second timing: from/to these fractions 
 MARGIN = 0.04  # of the budget, kept for what the timing cannot see (checkpoints, logging, jitter)
 GRACE = 0.02  # of the budget: the clock's cap lies this far past it, so that a slower end still finishes the decay
 LENGTH_FREE_SCHEDULES = ("warmup_stable_decay", "constant_with_warmup")  # their rate before the decay needs no length
+MIN_WINDOW = 50  # steps: a second timing after ``slower_from`` needs at least these before the decay
+SHORTER = 0.25  # a second timing after ``slower_from`` ends early enough for a final plan this much shorter
 
 
 @dataclass
@@ -56,6 +60,7 @@ class TimeBudget:
     clock_seconds: float | None = None  # a resume with a longer --max_minutes: the clock's (the plan's: seconds)
     first_fraction: float | None = None  # the smallest of --eval_steps/--checkpointing_steps in (0, 1): placed on
     # the final plan, so the second timing ends before that fraction of the run
+    slower_from: int | None = None  # the step from which steps cost more (--late_dropout switches dropout on)
 
     @property
     def fixed(self) -> bool:
@@ -115,16 +120,31 @@ class TimeBudget:
         return steps
 
     def replan_step(self, planned: int) -> int:
-        """The step of the final plan after a first plan of ``planned`` steps: half of it, or earlier when an
-        evaluation or checkpoint is placed at a fraction of the run (laid on the final plan, which may be shorter)."""
+        """The step of the final plan after a first plan of ``planned`` steps (see ``final_window``)."""
+        return self.final_window(planned)[1]
+
+    def final_window(self, planned: int) -> tuple[int, int]:
+        """(first, last): the steps after ``first`` up to ``last`` are timed for the final plan, after a first plan
+        of ``planned`` steps. Half of it, from a fifth on, or earlier when an evaluation or checkpoint is placed at
+        a fraction of the run (laid on the final plan, which may be shorter). When steps cost more from
+        ``slower_from`` on, a window as long is timed after it instead (steps timed before it would plan more steps
+        than the budget holds), if at least MIN_WINDOW steps of it fit before the decay of a final plan up to
+        SHORTER shorter than the first (a final plan does not move a decay that has begun)."""
         at = min(REPLAN_AT, 0.7 * self.first_fraction) if self.first_fraction else REPLAN_AT
-        return max(self.probe_steps + 20, round(at * planned))
+        last = max(self.probe_steps + 20, round(at * planned))
+        first = round(last * REPLAN_FROM / REPLAN_AT)
+        later = None if self.slower_from is None else self.slower_from + TIMED_FROM
+        if later is not None and later > first:
+            room = math.floor((1.0 - SHORTER) * planned * (1.0 - (self.decay_ratio or 0.0)))
+            end = min(later + max(last - first, MIN_WINDOW), room)
+            if end - later >= MIN_WINDOW:
+                first, last = later, end
+        return first, last
 
     def second_window(self, step: int) -> Probe:
         """The steps timed for the final plan, of a run at ``step`` with a first plan."""
-        last = self.replan_step(self.planned_steps)
-        return Probe(first_timed=min(max(step + TIMED_FROM, round(REPLAN_FROM * self.planned_steps)), last - 10),
-                     last=last)
+        first, last = self.final_window(self.planned_steps)
+        return Probe(first_timed=min(max(step + TIMED_FROM, first), last - 10), last=last)
 
     def record(self, steps_run: int, train_seconds: float, stopped_by_clock: bool) -> dict:
         """What was planned and what ran, for training_summary.json and the card."""

@@ -102,6 +102,8 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
         late_dropout=late_dropout_plan(train_args, plan.config, batches_per_epoch, k),
         calibrate=train_args.calibrate_temperature,
     )
+    if budget is not None and settings.late_dropout is not None:  # the final plan prices the slower steps
+        budget.slower_from = settings.late_dropout[0]
     stream = None
     if plan.data_args.streaming:  # this process's rows, tokenized and packed on the fly, from the saved position
         batches, stream = streaming_train_batches(data, tokenizer, plan.data_args, train_args, accelerator,

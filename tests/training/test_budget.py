@@ -139,6 +139,46 @@ def test_a_machine_slower_than_its_timing_is_stopped_by_the_clock_and_says_so(te
 
 
 @pytest.mark.slow
+def test_steps_slower_after_late_dropout_starts_are_timed_for_the_final_plan(text_file, tmp_path, monkeypatch):  # noqa: F811
+    """Late dropout makes every step after its pass dearer: the final plan is timed after the switch, so the run
+    still ends on its plan, its decay whole, rather than by the clock."""
+    from hf_minitx.training import loop
+
+    clock, real_switch, switched = TickingClock(0.002), loop.switch_on_late_dropout, []
+
+    def dearer_after_the_switch(run, step):
+        real_switch(run, step)
+        if run.settings.late_dropout is not None and step >= run.settings.late_dropout[0]:
+            clock.tick = 0.0026  # 30% slower from the switch on
+            switched.append(step)
+
+    monkeypatch.setattr(loop, "time", clock)
+    monkeypatch.setattr(loop, "switch_on_late_dropout", dearer_after_the_switch)
+    out = tmp_path / "dropout"
+    main(causal_args(text_file, out, "--max_minutes", "0.1", "--late_dropout", "0.1", "--late_dropout_passes", "5",
+                     "--eval_steps", "0.25"))  # timed before the first quarter without the fix
+    plan, late = summary_of(out)["time_budget"], summary_of(out)["recipe"]["late_dropout"]
+    assert switched and late["from_step"] < 0.7 * plan["planned_steps"]  # the switch lies before the decay
+    assert plan["ended_by"] == "plan" and plan["steps_run"] == plan["planned_steps"]
+
+
+def test_the_final_plan_is_timed_after_the_step_from_which_steps_cost_more_when_it_lies_before_the_decay():
+    budget = TimeBudget(100.0, decay_ratio=0.3, slower_from=200)
+    budget.plan(20, 1000, 0.1, 0.0)
+    assert budget.final_window(1000) == (204, 504)  # as long a window as without it (200..500), after the switch
+    window = budget.second_window(20)
+    assert (window.first_timed, window.last) == (204, 504) and budget.replan_step(1000) == 504
+    later = TimeBudget(100.0, decay_ratio=0.3, slower_from=400)  # a plan a quarter shorter decays from step 525
+    assert later.final_window(1000) == (404, 525)
+    near_the_decay = TimeBudget(100.0, decay_ratio=0.3, slower_from=480)  # no room for 50 steps: the usual window
+    assert near_the_decay.final_window(1000) == (200, 500)
+    early = TimeBudget(100.0, decay_ratio=0.3, slower_from=100)  # before the usual window: nothing changes
+    assert early.final_window(1000) == (200, 500)
+    quarters = TimeBudget(100.0, decay_ratio=0.3, first_fraction=0.25)  # evaluations every quarter of the run
+    assert quarters.final_window(1000) == (70, 175)  # before the first, and a window of 105 steps, not 10
+
+
+@pytest.mark.slow
 def test_a_timed_run_killed_and_resumed_keeps_its_plan_and_equals_a_run_of_that_many_steps(text_file, tmp_path):  # noqa: F811
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     killed, straight = tmp_path / "killed", tmp_path / "straight"
@@ -296,7 +336,8 @@ def test_half_of_a_timed_run_is_half_of_its_final_plan_and_the_bar_waits_for_the
     monkeypatch.setattr(loop, "time", TickingClock(0.004))
     monkeypatch.setattr(loop, "tqdm", RecordedBar)
     out = tmp_path / "half"
-    main(causal_args(text_file, out, "--max_minutes", "0.1", "--eval_steps", "0.5"))
+    # without late dropout, whose switch (step 84) would move the final timing past half of the run
+    main(causal_args(text_file, out, "--max_minutes", "0.1", "--eval_steps", "0.5", "--late_dropout", "0"))
     planned = summary_of(out)["time_budget"]["planned_steps"]
     assert summary_of(out)["steps"] == planned
     evaluations = [r["step"] for r in records(out, "eval") if "temperature" not in r]  # not the calibrated model's
