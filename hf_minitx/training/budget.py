@@ -59,7 +59,7 @@ class TimeBudget:
     planned_for_minutes: float | None = None  # a resume under another budget: the one the plan was made for
     clock_seconds: float | None = None  # a resume with a longer --max_minutes: the clock's (the plan's: seconds)
     first_fraction: float | None = None  # the smallest of --eval_steps/--checkpointing_steps in (0, 1): placed on
-    # the final plan, so the second timing ends before that fraction of the run
+    # the final plan, so the second timing ends before that fraction of the run (unless it waits for slower_from)
     slower_from: int | None = None  # the step from which steps cost more (--late_dropout switches dropout on)
 
     @property
@@ -133,8 +133,8 @@ class TimeBudget:
         at = min(REPLAN_AT, 0.7 * self.first_fraction) if self.first_fraction else REPLAN_AT
         last = max(self.probe_steps + 20, round(at * planned))
         first = round(last * REPLAN_FROM / REPLAN_AT)
-        later = None if self.slower_from is None else self.slower_from + TIMED_FROM
-        if later is not None and later > first:
+        if self.slower_from is not None and self.slower_from + TIMED_FROM > first:
+            later = self.slower_from + TIMED_FROM
             room = math.floor((1.0 - SHORTER) * planned * (1.0 - (self.decay_ratio or 0.0)))
             end = min(later + max(last - first, MIN_WINDOW), room)
             if end - later >= MIN_WINDOW:
