@@ -34,12 +34,12 @@ from .speed import format_table
 RESULTS_FOLDER = "docs/benchmark"  # the committed benchmark JSON files the docs are rendered from
 PAGE_BLOCK = "tables"
 HEADLINE_BLOCK = "headline"
-# (workload, hf_minitx's implementation, what the row measures), in the headline's order, for runs on a CPU
+# (workload, hf_minitx's implementation, what the row measures), in the headline's order, for runs on a CPU; batch 8
+# generation and the rest are on the results page, so the headline stays at 12 rows
 HEADLINE_CPU_ROWS = (
     ("train_causal", "minitx-sdpa", "decoder-only training"),
     ("train_seq2seq", "minitx-seq2seq", "seq2seq training"),
     ("generate_b1", "minitx", "generation, batch 1"),
-    ("generate_b8", "minitx", "generation, batch 8"),
     ("generate_seq2seq", "minitx-seq2seq", "seq2seq generation, batch 1"),
     ("generate_b1", "minitx-int8", "int8 weight-only generation, batch 1"),
 )
