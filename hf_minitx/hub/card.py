@@ -224,6 +224,12 @@ def build_card_data(kind: str, summary: dict | None, model_name: str, license: s
     )
 
 
+def code_prompt(prompt: str, default: str) -> str:
+    """The prompt of the card's code examples: the first sample's as it was given (a table cell's copy has its pipes
+    and backticks replaced), or ``default`` when there is none or it would end the code block."""
+    return prompt if prompt.strip() and "```" not in prompt else default
+
+
 def render_model_card(
     model_dir: str | Path,
     *,
@@ -247,8 +253,9 @@ def render_model_card(
                                f"config.json describes a {kind} model.")
     name = repo_id.split("/")[-1] if repo_id else folder.resolve().name
     metrics = _finite_metrics(summary)
-    samples = [{"prompt": sanitize(s.get("prompt", "")), "output": sanitize(s.get("output", ""))}
-               for s in ((summary or {}).get("sample_generations") or [])[:5] if isinstance(s, dict)]
+    recorded = [s for s in ((summary or {}).get("sample_generations") or [])[:5] if isinstance(s, dict)]
+    samples = [{"prompt": sanitize(s.get("prompt", "")), "output": sanitize(s.get("output", ""))} for s in recorded]
+    first = str(recorded[0].get("prompt", "")) if recorded else ""  # the code blocks' prompt, as recorded
     dataset = (summary or {}).get("dataset") or "an unrecorded dataset"
     max_positions = config.get("max_position_embeddings")
     if not _position_kind(config).table:
@@ -260,11 +267,11 @@ def render_model_card(
     if kind == "seq2seq":
         task_sentence = "It reads a source text with its encoder and writes the target text with its decoder."
         limitation = "it only knows the mapping it was trained on and fails on inputs unlike its training sources."
-        example_prompt = json.dumps(samples[0]["prompt"] if samples else "seven hundred and twelve")
+        example_prompt = json.dumps(code_prompt(first, "seven hundred and twelve"))
     else:
         task_sentence = "It continues a text prompt one token at a time."
         limitation = "it imitates the style of its corpus and often produces fluent text that means little."
-        example_prompt = json.dumps(samples[0]["prompt"] if samples else "In the beginning")
+        example_prompt = json.dumps(code_prompt(first, "In the beginning"))
     card_data = build_card_data(kind, summary, name, license)
     card = ModelCard.from_template(
         card_data,

@@ -29,14 +29,21 @@ def training_rows(summary: dict) -> list[tuple[str, str]]:
     rows = []
     if summary.get("preset"):
         rows.append(("Preset", f"`{summary['preset']}`"))
+    if summary.get("config_overrides"):
+        rows.append(("Config overrides", f"`{sanitize(summary['config_overrides'])}`"))
     rows += _shape_plan_rows(summary.get("shape_plan"))
     rows += _phases_rows(summary.get("phases"))
+    kept, both = _kept_phase(summary), ""  # two phases: the steps are the kept model's, tokens and time the run's
+    if kept:
+        phases, both = summary["phases"], " (both phases)"
+        steps = sum(int((phases.get(name) or {}).get("steps") or 0) for name in ("teacher", "student"))
     if summary.get("steps") is not None:
-        rows.append(("Optimizer steps", f"{int(summary['steps']):,}"))
+        rows.append(("Optimizer steps", f"{int(summary['steps']):,}"
+                     + (f" (the {kept}'s; both phases: {steps:,})" if kept else "")))
     if summary.get("tokens_seen") is not None:
-        rows.append(("Training tokens", f"{int(summary['tokens_seen']):,} ({human(summary['tokens_seen'])})"))
+        rows.append(("Training tokens", f"{int(summary['tokens_seen']):,} ({human(summary['tokens_seen'])}){both}"))
     if summary.get("train_seconds") is not None:
-        rows.append(("Training time", duration(float(summary["train_seconds"]))))
+        rows.append(("Training time", duration(float(summary["train_seconds"])) + both))
         if summary.get("tokens_seen"):
             rate = summary["tokens_seen"] / max(float(summary["train_seconds"]), 1e-9)
             rows.append(("Throughput", f"{human(rate)} tokens/s"))
@@ -56,6 +63,12 @@ def training_rows(summary: dict) -> list[tuple[str, str]]:
                      f"{str(teacher.get('weights_digest'))[:12]}): KL weight {teacher.get('weight')} at "
                      f"temperature {teacher.get('temperature')}"))
     return rows + _recipe_rows(summary.get("recipe") or {}, summary.get("steps"))
+
+
+def _kept_phase(summary: dict) -> str | None:
+    """"teacher" or "student": the model a run in two phases kept (None for a run of one model)."""
+    phases = summary.get("phases")
+    return phases.get("model_kept") if isinstance(phases, dict) and isinstance(phases.get("teacher"), dict) else None
 
 
 def _shape_plan_rows(shape_plan: dict | None) -> list[tuple[str, str]]:
@@ -95,11 +108,14 @@ def _budget_rows(summary: dict) -> list[tuple[str, str]]:
         ended = "the plan ran to its end" if budget.get("ended_by") == "plan" else "the clock stopped it first"
         planned_for = (f" (planned for {budget['planned_for_minutes']:g} min before a resume)"
                        if budget.get("planned_for_minutes") else "")
-        rows.append(("Time budget", f"{budget['budget_minutes']:g} min: {budget['planned_steps']:,} steps planned"
-                     f"{planned_for} after a {budget['probe_steps']}-step timed probe; "
+        kept = _kept_phase(summary)
+        share = f" (the {kept}'s share of the {summary['phases']['minutes']:g}-minute budget)" if kept else ""
+        rows.append(("Time budget", f"{budget['budget_minutes']:g} min{share}: {budget['planned_steps']:,} steps "
+                     f"planned{planned_for} after a {budget['probe_steps']}-step timed probe; "
                      f"{budget['steps_run']:,} ran ({ended})"))
     if summary.get("epochs") is not None:
-        rows.append(("Passes over the training data", f"{float(summary['epochs']):.2f}"))
+        whose = f" (the {_kept_phase(summary)}'s)" if _kept_phase(summary) else ""
+        rows.append(("Passes over the training data", f"{float(summary['epochs']):.2f}{whose}"))
     kept = summary.get("kept") or {}
     if kept and kept.get("step") != kept.get("last_step"):
         rows.append(("Weights kept", f"step {kept['step']:,} (best validation loss {kept['eval_loss']:.4f}; the last "

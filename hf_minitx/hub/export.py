@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -46,7 +46,7 @@ def _field_problems(config: PretrainedConfig, target: str) -> list[tuple[str, ob
                    ("norm_type", "rmsnorm", f"{name} uses RMSNorm"),
                    ("hidden_act", "swiglu", f"{name} uses swiglu"),
                    ("qk_norm", target == "qwen3", "Qwen3 normalises queries and keys" if target == "qwen3"
-                    else "Llama has no QK-norm (export with --to qwen3)")]
+                    else "Llama has no QK-norm (export with --to qwen3, or --gguf_architecture qwen3)")]
     else:
         wanted += [("norm_type", "layernorm", "GPT-2 uses LayerNorm"),
                    ("qk_norm", False, "GPT-2 has no QK-norm")]
@@ -86,7 +86,15 @@ def check_maps(config: PretrainedConfig, target: str) -> None:
     """Refuse a config that does not map onto `target`: ExportRefused, one line per field."""
     problems = mapping_problems(config, target)
     if problems:
-        raise ExportRefused(f"the model does not map onto {NAMES[target]}:\n" + "\n".join(problems))
+        raise refusal(NAMES[target], problems)
+
+
+def refusal(target_name: str, problems: list[str]) -> ExportRefused:
+    """The refusal of a config that does not map onto `target_name`: one numbered line per field, so that the
+    command line's one error line (the lines joined with "; ") still tells the fields apart."""
+    lines = [f"({number}) {problem}" for number, problem in enumerate(problems, 1)]
+    return ExportRefused(f"the model does not map onto {target_name} ({len(problems)} field"
+                         f"{'s' if len(problems) > 1 else ''} to change):\n" + "\n".join(lines))
 
 
 def stock_config(config: PretrainedConfig, target: str) -> PretrainedConfig:
@@ -222,7 +230,10 @@ def write_card(folder: Path, *, source: str, target: str, file_name: str, keywor
             f"The hf_minitx model `{source}` exported by `minitx export`: the same weights in the {layout} layout "
             f"(`{file_name}`), with its tokenizer and generation settings. It loads without hf_minitx and without "
             f"`trust_remote_code`, with `AutoModelForCausalLM.from_pretrained(folder{arguments})`"
-            + (" or llama.cpp" if layout == "GGUF" else "") + ", and gives the source model's logits.\n")
+            + (" or llama.cpp" if layout == "GGUF" else "") + ", and gives the source model's logits.\n"
+            + ("\ntransformers' GGUF reader does not read `generation_config.json`: sample as the source model does "
+               "with `model.generate(..., generation_config=GenerationConfig.from_pretrained(folder))`.\n"
+               if layout == "GGUF" else ""))
     (folder / "README.md").write_text(text, encoding="utf-8")
 
 
@@ -251,6 +262,11 @@ def check_export_arguments(args: ExportArguments) -> None:
                          f"{', '.join(GGUF_ARCHITECTURES)}")
     if args.gguf_type not in GGUF_TYPES:
         raise ValueError(f"--gguf_type {args.gguf_type!r}: choose one of {', '.join(GGUF_TYPES)}")
+    defaults = {f.name: f.default for f in fields(ExportArguments)}
+    given = [name for name in ("gguf_architecture", "gguf_type") if getattr(args, name) != defaults[name]]
+    if given and args.to != "gguf":
+        raise ValueError(f"--{given[0]} applies to --to gguf, not --to {args.to} (which writes float32 "
+                         f"safetensors); drop it, or export with --to gguf")
 
 
 def _saver(model: PreTrainedModel, tokenizer, source: str, args: ExportArguments) -> Callable[[Path], None]:
@@ -263,7 +279,7 @@ def _saver(model: PreTrainedModel, tokenizer, source: str, args: ExportArguments
         lost = gguf_problems(model.config, target)  # said once per field: the GGUF form's reason wins
         problems = [*mapping_problems(model.config, target, skip=lost), *lost.values()]
         if problems:
-            raise ExportRefused(f"the model does not map onto {NAMES[target]} GGUF:\n" + "\n".join(problems))
+            raise refusal(f"{NAMES[target]} GGUF", problems)
     stock = to_stock_model(model, target)
     check_same_logits(model, stock, f"{NAMES[target]} model")
 

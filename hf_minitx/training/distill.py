@@ -61,8 +61,8 @@ def check_distill_arguments(train_args: TrainArguments, task: str) -> None:
         return
     folder = Path(train_args.distill_from)
     if not folder.is_dir():
-        raise ValueError(f"--distill_from {folder} does not exist; pass the output folder of a finished minitx "
-                         "train run")
+        how = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise ValueError(f"--distill_from {folder} {how}; pass the output folder of a finished minitx train run")
     try:
         config = read_folder_config(folder)
     except (OSError, ValueError) as error:

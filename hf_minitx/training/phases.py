@@ -103,17 +103,13 @@ def continue_phases(model_args: ModelArguments, data_args: DataArguments, train_
 
 def check_same_run(record: dict[str, Any], data_args: DataArguments, train_args: TrainArguments,
                    output_dir: Path) -> None:
-    """The student of a resumed run reads the teacher's data with its seed (and so its validation split); the
-    recorded split goes on, whatever --max_minutes says now."""
+    """The student of a resumed run reads the teacher's data with its seed (and so its validation split)."""
     split = record[SHAPE_PLAN][PHASES]
     for name, recorded, given in (("dataset", split.get("dataset"), dataset_key(data_args.dataset)),
                                   ("seed", record.get("seed"), train_args.seed)):
         if recorded != given:
             raise ValueError(f"{output_dir} holds the teacher of a run with --{name} {recorded}, not {given}: resume "
                              f"it with --{name} {recorded}, or start a new run in another --output_dir")
-    if train_args.max_minutes not in (None, split["minutes"]):
-        logger.warning("the split of the %g-minute budget goes on (--max_minutes %g is not used): the student trains "
-                       "for %.3g min", split["minutes"], train_args.max_minutes, split["student_minutes"])
 
 
 def copy_teacher(output_dir: Path) -> Path:
@@ -141,16 +137,29 @@ def train_student(model_args: ModelArguments, data_args: DataArguments, train_ar
     overrides = ",".join(filter(None, [model_args.config_overrides,
                                        ",".join(f"{key}={value}" for key, value in shape.items())]))
     resume = student.is_dir() and bool(list_checkpoints(student))
-    args = replace(train_args, output_dir=str(student), max_minutes=split["student_minutes"],
+    if student.is_dir() and not resume:
+        logger.warning("%s holds no checkpoint of the student (--checkpointing_steps saves them): it starts again "
+                       "from its first step", student)
+    minutes = student_minutes(split, train_args.max_minutes)
+    args = replace(train_args, output_dir=str(student), max_minutes=minutes,
                    distill_from=str(teacher), resume_from_checkpoint="latest" if resume else None,
                    overwrite_output_dir=not resume, push_to_hub=False)
     logger.warning("the budget passes over the data %.1f times, more than one model learns from: the student trains "
-                   "for %.3g min in %s, learning from the teacher", split["passes_of_one_model"],
-                   split["student_minutes"], student)
+                   "for %.3g min in %s, learning from the teacher", split["passes_of_one_model"], minutes, student)
     try:
         train(replace(model_args, config_overrides=overrides), replace(data_args, tokenizer=str(teacher)), args)
     finally:
         unlock_folder(student)
+
+
+def student_minutes(split: dict[str, Any], given: float | None) -> float:
+    """The student's budget: its share of the split, or a --max_minutes other than the whole budget given to a
+    resume (a longer one, as a budget that ran out inside a phase's timing probe asks for)."""
+    if given is None or given in (split["minutes"], split["teacher_minutes"]):  # the teacher's: the run's own args
+        return split["student_minutes"]
+    logger.warning("--max_minutes %g given to the resume: the student trains for %g min (the split of the %g-minute "
+                   "budget gave it %.3g)", given, given, split["minutes"], split["student_minutes"])
+    return given
 
 
 def promote(output_dir: Path, record: dict[str, Any], keep: bool = False) -> None:

@@ -23,6 +23,7 @@ from .arguments import TrainArguments
 from .budget import LENGTH_FREE_SCHEDULES, TimeBudget, every
 from .optim import describe_schedule, relay_schedule, schedule_factor
 from .run_plan import RunPlan
+from .shape_plan import PHASES, SHAPE_PLAN
 from .state import FitOutcome, LoopSettings, RunState, TrainingRun
 
 logger = logging.getLogger(__name__)
@@ -118,12 +119,15 @@ def refuse_unplanned_budget(run: TrainingRun, state: RunState, outcome: FitOutco
     budget = run.budget
     if budget is None or budget.planned_steps is not None or not outcome.stopped_by_time_budget:
         return
-    step_seconds = state.train_seconds / max(state.step, 1)
+    shape_plan = run.checkpoint_fields.get(SHAPE_PLAN) or {}  # its timing is in train_seconds, but is no step's
+    step_seconds = max(state.train_seconds - shape_plan.get("timing_seconds", 0.0), 0.0) / max(state.step, 1)
+    share = shape_plan.get(PHASES)
+    whose = (f" (the teacher's share of a {share['minutes']:g}-minute budget split in two)" if share else "")
     resume = (f"{outcome.checkpoint} holds them: resume it with --resume_from_checkpoint latest --max_minutes "
               f"{budget.shortest_budget(step_seconds):g}" if outcome.checkpoint else "nothing was saved")
-    raise ValueError(f"--max_minutes {budget.seconds / 60:g} ({budget.seconds:.1f} s) ran out after {state.step} "
-                     f"step(s) of about {step_seconds:.2f} s, inside the {budget.probe_steps}-step timing probe that "
-                     "makes the plan: the schedule never decayed, so no model is saved as the run's result; "
+    raise ValueError(f"--max_minutes {budget.seconds / 60:g} ({budget.seconds:.1f} s){whose} ran out after "
+                     f"{state.step} step(s) of about {step_seconds:.2f} s, inside the {budget.probe_steps}-step timing "
+                     "probe that makes the plan: the schedule never decayed, so no model is saved as the run's result; "
                      f"{resume} (the probe and as many steps again), or train a number of steps with --max_steps")
 
 

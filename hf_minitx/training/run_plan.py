@@ -44,7 +44,7 @@ from .distill import check_distill_arguments, teacher_identity, teacher_record
 from .loss import Objective
 from .model_presets import load_preset, parse_config_overrides, preset_path
 from .outputs import SUMMARY_FILE
-from .shape_plan import SHAPE_PLAN, planned_split, plans_shape, shape_given
+from .shape_plan import SHAPE_PLAN, feed_forward_size, planned_split, plans_shape, shape_given
 
 DISTILLATION = "distillation"  # run identity key: the teacher's weights digest, alpha and T (None: no teacher)
 TOKENIZER_IDS = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
@@ -179,6 +179,9 @@ def resolve_model_settings(model_args: ModelArguments, data_args: DataArguments)
                          f"{'seq2seq' if overrides['is_encoder_decoder'] else 'causal-lm'} for "
                          f"{'an encoder-decoder' if overrides['is_encoder_decoder'] else 'a decoder-only'} model)")
     settings.update(overrides)
+    if model_args.preset is None and "hidden_size" in overrides and "intermediate_size" not in overrides:
+        # the default blocks' feed-forward follows the width (the preset's 42 is that of its 64)
+        settings["intermediate_size"] = feed_forward_size(settings["hidden_size"], settings["hidden_act"])
     if "is_encoder_decoder" in settings and bool(settings["is_encoder_decoder"]) != wants_seq2seq:
         kind = "an encoder-decoder" if settings["is_encoder_decoder"] else "a decoder-only"
         raise ValueError(

@@ -45,7 +45,9 @@ TIMED_STEPS, WARM_STEPS = 5, 3  # per candidate: untimed steps (allocation, cach
 PHASES = "phases"  # key of the split in the shape plan's record, and of what was done in the final summary
 PASSES_PER_MODEL = 10.0  # more passes than this, planned for one model, split the budget between two (measured)
 TEACHER_SHARE = 0.5  # of the budget, for the teacher; the student gets the rest
-MIN_PHASE_STEPS = 200  # a split leaves each model at least these steps of one model's pace
+MANY_PASSES = 100.0  # planned passes past which a budget is said to be longer than its corpus can use
+MIN_PHASE_STEPS = 200  # a split leaves each model at least these steps, the student's at its own pace
+STUDENT_STEP_COST = 1.4  # a student's step against one model's: the teacher's forward adds about 40% (recipe log)
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,15 @@ class Shape:
     def settings(self, hidden_act: str) -> dict[str, int]:
         """The MiniTxConfig fields of this shape, with a feed-forward of `hidden_act`: as wide as the model, or for a
         gated one (three matrices instead of two) two thirds of it, rounded to an even size."""
-        gated = ACTIVATIONS[hidden_act].gated
         return {"num_hidden_layers": self.layers, "hidden_size": self.hidden, "num_attention_heads": self.heads,
-                "intermediate_size": 2 * round(self.hidden / 3) if gated else self.hidden}
+                "intermediate_size": feed_forward_size(self.hidden, hidden_act)}
+
+
+def feed_forward_size(hidden: int, hidden_act: str) -> int:
+    """The default blocks' feed-forward at width ``hidden``: as wide as the model, or for a gated one (three
+    matrices instead of two) two thirds of it, rounded to an even size: the same parameters."""
+    activation = ACTIVATIONS.get(hidden_act)  # an unknown one is refused with the config
+    return 2 * round(hidden / 3) if activation is not None and activation.gated else hidden
 
 
 SHAPES = (Shape(2, 64, 2), Shape(3, 96, 3), Shape(4, 128, 4), Shape(4, 160, 5), Shape(4, 192, 6), Shape(6, 192, 6),
@@ -91,8 +99,15 @@ class ShapePlan:
         """For training_summary.json, the run state and the card."""
         return {"chosen": self.chosen.name, "settings": self.chosen.settings(self.hidden_act),
                 "timing_seconds": round(self.seconds, 2), "candidates": self.candidates,
-                "rule": f"the largest candidate planned to see at least {TOKENS_PER_PARAMETER:g} effective tokens "
-                        "per non-embedding parameter (repeated tokens discounted)"}
+                "rule": self.rule()}
+
+    def rule(self) -> str:
+        """Why the chosen shape: the rule it met, or that no candidate met it."""
+        wanted = (f"at least {TOKENS_PER_PARAMETER:g} effective tokens per non-embedding parameter (repeated tokens "
+                  "discounted)")
+        if self.planned["tokens_per_parameter"] >= TOKENS_PER_PARAMETER:
+            return f"the largest candidate planned to see {wanted}"
+        return f"the smallest candidate: none was planned to see {wanted}"
 
 
 def shape_given(model_args: ModelArguments) -> bool:
@@ -192,11 +207,27 @@ def time_shape(settings: dict[str, Any], shape: Shape, train_args: TrainArgument
 
 def plan_phases(passes: float, steps: int, minutes: float) -> dict[str, Any] | None:
     """The split of a budget of ``minutes`` whose one model would make ``passes`` over the corpus in ``steps``, or
-    None: one model for few passes, or for a budget too short to time and decay two runs of MIN_PHASE_STEPS."""
-    if passes <= PASSES_PER_MODEL or steps * min(TEACHER_SHARE, 1.0 - TEACHER_SHARE) < MIN_PHASE_STEPS:
+    None: one model for few passes, or for a budget too short to time and decay two runs of MIN_PHASE_STEPS (the
+    student's steps, each with the teacher's forward, are the fewer)."""
+    if passes <= PASSES_PER_MODEL or not phases_fit(steps):
         return None
     return {"passes_of_one_model": round(passes, 2), "passes_per_model": PASSES_PER_MODEL, "minutes": minutes,
             "teacher_minutes": minutes * TEACHER_SHARE, "student_minutes": minutes * (1.0 - TEACHER_SHARE)}
+
+
+def phases_fit(steps: int) -> bool:
+    """Whether ``steps`` of one model, split, leave each phase MIN_PHASE_STEPS (the student's at its pace)."""
+    return steps * min(TEACHER_SHARE, 1.0 - TEACHER_SHARE) / STUDENT_STEP_COST >= MIN_PHASE_STEPS
+
+
+def too_many_passes(passes: float) -> str | None:
+    """A warning for a budget that would pass over its corpus far more often than anything measured here (None for
+    one that does not): two models learn from about 2 x PASSES_PER_MODEL passes, not from thousands."""
+    if passes <= MANY_PASSES:
+        return None
+    return (f"the budget passes over the data {passes:,.0f} times, where two models learn from about "
+            f"{2 * PASSES_PER_MODEL:g}: a corpus this small gains little from it; a shorter --max_minutes gives about "
+            "the same model sooner, a larger corpus a better one")
 
 
 def may_split(train_args: TrainArguments) -> bool:

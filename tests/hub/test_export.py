@@ -120,16 +120,17 @@ def test_a_config_that_does_not_map_is_refused_field_by_field(tmp_path, tokenize
                 final_logit_softcap=30.0)
     with pytest.raises(ExportRefused) as refused:
         main(["--model", str(tmp_path / "src"), "--to", "gpt2", "--output_dir", str(tmp_path / "out")])
-    lines = str(refused.value).splitlines()[1:]
-    assert lines == ["norm_type rmsnorm: GPT-2 uses LayerNorm; train with --config_overrides norm_type=layernorm",
-                     "qk_norm true: GPT-2 has no QK-norm; train with --config_overrides qk_norm=false",
-                     "final_logit_softcap 30.0: GPT-2 does not cap its logits; train with --config_overrides "
+    head, *lines = str(refused.value).splitlines()
+    assert head == "the model does not map onto GPT-2 (3 fields to change):"
+    assert lines == ["(1) norm_type rmsnorm: GPT-2 uses LayerNorm; train with --config_overrides norm_type=layernorm",
+                     "(2) qk_norm true: GPT-2 has no QK-norm; train with --config_overrides qk_norm=false",
+                     "(3) final_logit_softcap 30.0: GPT-2 does not cap its logits; train with --config_overrides "
                      "final_logit_softcap=None"]
     assert cli_main(["export", "--model", str(tmp_path / "src"), "--to", "qwen3", "--output_dir",
                      str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err
-    assert "hidden_act relu2: Qwen3 uses swiglu; train with --config_overrides hidden_act=swiglu" in error
-    assert "error: the model does not map onto Qwen3: " in error and ":;" not in error
+    assert "hidden_act relu2: Qwen3 uses swiglu; train with --config_overrides hidden_act=swiglu; (" in error
+    assert "error: the model does not map onto Qwen3 (4 fields to change): (1) " in error and ":;" not in error
     assert error.count("error:") == 1 and not (tmp_path / "out").exists()
 
 
@@ -255,6 +256,11 @@ def test_gguf_reads_back_with_our_logits(tmp_path, tokenizer, architecture, tens
     text = "In the beginning was the word"
     assert gguf_tokenizer(text, add_special_tokens=False)["input_ids"] == tokenizer(text)["input_ids"]
     assert gguf_tokenizer.eos_token_id == tokenizer.eos_token_id
+    # the reader leaves the generation settings behind; the folder's, as its card says, are the source model's
+    from transformers import GenerationConfig
+
+    assert "GenerationConfig.from_pretrained(folder)" in (out / "README.md").read_text()
+    assert GenerationConfig.from_pretrained(out).to_dict() == model.generation_config.to_dict()
 
 
 def test_gguf_refuses_a_gpt2_style_model_naming_the_fields(tmp_path, tokenizer):
@@ -264,8 +270,19 @@ def test_gguf_refuses_a_gpt2_style_model_naming_the_fields(tmp_path, tokenizer):
         main(["--model", str(tmp_path / "src"), "--to", "gguf", "--output_dir", str(tmp_path / "gguf")])
     lines = str(refused.value).splitlines()
     assert "position_embedding_type learned: Llama uses rotary positions" in lines[1]
-    assert lines[-1].startswith("attention_bias true: the llama GGUF form has no biases")
-    assert [line.split(" ")[0] for line in lines].count("attention_bias") == 1  # each field said once
+    assert lines[-1].split(" ", 1)[1].startswith("attention_bias true: the llama GGUF form has no biases")
+    assert [line.split(" ")[1] for line in lines[1:]].count("attention_bias") == 1  # each field said once
+
+
+def test_a_gguf_option_with_a_stock_target_is_refused_and_a_llama_gguf_names_the_qwen3_form(tmp_path, tokenizer):
+    save_source(tmp_path / "src", tokenizer, **SOURCES["qwen3"][1])
+    for option in (["--gguf_type", "f16"], ["--gguf_architecture", "llama"]):
+        with pytest.raises(ValueError, match=f"{option[0]} applies to --to gguf, not --to qwen3"):
+            main(["--model", str(tmp_path / "src"), "--to", "qwen3", *option, "--output_dir", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+    (qk_norm,) = [line for line in mapping_problems(MiniTxConfig(**ROTARY, qk_norm=True), "llama")
+                  if line.startswith("qk_norm")]
+    assert "--gguf_architecture qwen3" in qk_norm
 
 
 def test_a_qwen3_refusal_suggests_llama_only_where_llama_would_take_the_model():

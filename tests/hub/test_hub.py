@@ -137,6 +137,25 @@ def test_card_body_shows_architecture_parameters_training_and_usage(folders):
     assert "| `seven hundred and twelve` | `and the 'earth' was` |" in text  # newline/backticks cannot break it
 
 
+def test_card_code_examples_use_the_recorded_prompt_and_its_table_a_safe_copy(causal_copy):
+    summary = json.loads((causal_copy / "training_summary.json").read_text())
+    summary["sample_generations"] = [{"prompt": '| | as "s[len(s):]" = `t`', "output": "ok"}]
+    (causal_copy / "training_summary.json").write_text(json.dumps(summary))
+    text = render_model_card(causal_copy)
+    assert 'tokenizer(["| | as \\"s[len(s):]\\" = `t`"], return_tensors="pt")' in text  # the prompt as given
+    assert "| `/ / as \"s[len(s):]\" = 't'` | `ok` |" in text  # a table cell cannot be split by it
+    summary["sample_generations"] = [{"prompt": "```\nrm", "output": "ok"}]  # it would end the code block
+    (causal_copy / "training_summary.json").write_text(json.dumps(summary))
+    assert 'tokenizer(["In the beginning"], return_tensors="pt")' in render_model_card(causal_copy)
+
+
+def test_card_names_the_config_overrides_a_run_was_given(causal_copy):
+    assert "Config overrides" not in render_model_card(causal_copy)
+    summary = json.loads((causal_copy / "training_summary.json").read_text())
+    (causal_copy / "training_summary.json").write_text(json.dumps({**summary, "config_overrides": "hidden_size=96"}))
+    assert "| Config overrides | `hidden_size=96` |" in render_model_card(causal_copy)
+
+
 def test_card_lists_hub_datasets_only(folders, tmp_path):
     folder = Path(shutil.copytree(folders["causal-lm"], tmp_path / "m"))
     _write_records(folder, "causal-lm", CAUSAL_METRICS, dataset="someone/poems", dataset_config="small",

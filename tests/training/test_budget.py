@@ -349,3 +349,20 @@ def test_a_fraction_of_the_run_rounds_up_so_no_evaluation_falls_just_before_the_
     assert (every(0.25, 1289), every(0.25, 1288), every(0.1, 30), every(0.5, 3)) == (323, 322, 3, 2)
     assert [s for s in range(1, 1290) if s % every(0.25, 1289) == 0] == [323, 646, 969]  # then the end, 1289
     assert (every(0.001, 10), every(200, 10), every(0, 10), every(None, 10)) == (1, 200, None, None)
+
+
+def test_a_budget_spent_inside_its_probe_names_a_step_without_the_shape_timing_and_the_teachers_share():
+    from hf_minitx.training.run_length import refuse_unplanned_budget
+
+    split = {"minutes": 0.3, "teacher_minutes": 0.15, "student_minutes": 0.15}
+    run = SimpleNamespace(budget=TimeBudget(seconds=9.0), checkpoint_fields={
+        "shape_plan": {"timing_seconds": 6.0, "phases": split}})
+    state = RunState(step=8, train_seconds=6.0 + 8 * 0.375)  # the shape's timing is spent from the budget too
+    outcome = FitOutcome(stopped_by_time_budget=True, checkpoint=Path("out/checkpoint-8"))
+    with pytest.raises(ValueError) as refused:
+        refuse_unplanned_budget(run, state, outcome)
+    said = str(refused.value)
+    assert "--max_minutes 0.15 (9.0 s) (the teacher's share of a 0.3-minute budget split in two)" in said
+    assert "8 step(s) of about 0.38 s" in said  # not (6 + 3) / 8 = 1.12 s
+    advised = float(said.split("--resume_from_checkpoint latest --max_minutes ")[1].split()[0])
+    assert advised == run.budget.shortest_budget(0.375)

@@ -158,6 +158,8 @@ def test_a_missing_teacher_or_one_of_another_vocabulary_is_refused_before_any_wr
     out = tmp_path / "student"
     with pytest.raises(ValueError, match="--distill_from .*nowhere does not exist"):
         main(causal_args(text_file, out, "--distill_from", str(tmp_path / "nowhere"), "--max_steps", "1"))
+    with pytest.raises(ValueError, match="--distill_from .* is a file, not a folder"):
+        main(causal_args(text_file, out, "--distill_from", str(text_file), "--max_steps", "1"))
     assert not out.exists()
     other = tmp_path / "other-tokenizer"
     train_bpe_tokenizer(iter(text_file.read_text().split("\n\n")), 280).save_pretrained(other)

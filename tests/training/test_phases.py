@@ -5,6 +5,7 @@ either phase, then a resume, ends on the same weights as a run never stopped."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from collections import Counter
@@ -22,7 +23,13 @@ from transformers import AutoModelForCausalLM
 from hf_minitx.training import loop, phases, shape_plan
 from hf_minitx.training.arguments import TrainArguments
 from hf_minitx.training.distill import Distillation
-from hf_minitx.training.shape_plan import MIN_PHASE_STEPS, PASSES_PER_MODEL, may_split, plan_phases
+from hf_minitx.training.shape_plan import (
+    MIN_PHASE_STEPS,
+    PASSES_PER_MODEL,
+    STUDENT_STEP_COST,
+    may_split,
+    plan_phases,
+)
 
 TICK = 0.004  # seconds per reading of the clock: each phase of a 0.1-minute budget plans about 150 steps
 CHECKPOINT_AT = 100  # after each phase's final plan (made near step 75)
@@ -31,9 +38,24 @@ CHECKPOINT_AT = 100  # after each phase's final plan (made near step 75)
 def test_more_passes_than_one_model_uses_split_the_budget_in_two():
     assert plan_phases(PASSES_PER_MODEL, 5000, 10.0) is None
     assert plan_phases(PASSES_PER_MODEL * 2, 2 * MIN_PHASE_STEPS - 1, 10.0) is None  # too short for two runs
+    # the student's steps carry the teacher's forward: two phases of MIN_PHASE_STEPS need more than twice as many
+    just_short = math.floor(2 * MIN_PHASE_STEPS * STUDENT_STEP_COST) - 1
+    assert plan_phases(PASSES_PER_MODEL * 2, just_short, 10.0) is None
+    assert plan_phases(PASSES_PER_MODEL * 2, just_short + 2, 10.0) is not None
     split = plan_phases(PASSES_PER_MODEL + 0.1, 5000, 10.0)
     assert split["teacher_minutes"] + split["student_minutes"] == 10.0 and split["teacher_minutes"] > 0
     assert split["passes_of_one_model"] > split["passes_per_model"] == PASSES_PER_MODEL
+
+
+def test_the_student_takes_its_share_unless_a_resume_gives_another_budget(caplog):
+    split = plan_phases(PASSES_PER_MODEL * 2, 5000, 3.0)
+    for given in (None, 3.0, split["teacher_minutes"]):  # none, the whole budget, or the teacher's own args
+        assert phases.student_minutes(split, given) == split["student_minutes"]
+    assert not caplog.records  # a run never stopped hears nothing of --max_minutes
+    # a budget that ran out inside the student's timing probe names a longer one to resume with: it is used
+    assert phases.student_minutes(split, 4.5) == 4.5
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "the student trains for 4.5 min" in said and "gave it 1.5" in said
 
 
 @pytest.mark.parametrize(("given", "world_size", "expected"), [
@@ -132,6 +154,12 @@ def test_the_folder_is_one_ordinary_model(straight):
     assert generated.shape == (1, 7)
     card = (out / "README.md").read_text()
     assert "Two models" in card and f"holds the {summary['phases']['model_kept']}" in card
+    # the card says whose figures each row gives: the kept model's steps and passes, both phases' tokens and time
+    split, kept = summary["phases"], summary["phases"]["model_kept"]
+    both = split["teacher"]["steps"] + split["student"]["steps"]
+    assert f"| {summary['steps']:,} (the {kept}'s; both phases: {both:,}) |" in card
+    assert f"(the {kept}'s share of the {split['minutes']:g}-minute budget)" in card
+    assert "(both phases) |" in card and f"{summary['epochs']:.2f} (the {kept}'s)" in card
 
 
 def test_a_resume_of_the_finished_folder_has_nothing_to_do(straight, text_file, capsys):  # noqa: F811
@@ -199,3 +227,9 @@ def test_a_kill_in_either_phase_then_a_resume_ends_on_the_weights_of_a_straight_
     assert all(torch.equal(expected[name], resumed[name]) for name in expected)
     assert summary_of(out)["phases"]["model_kept"] == summary_of(straight[0])["phases"]["model_kept"]
     assert not any(path.is_dir() for path in out.iterdir())
+
+
+def test_a_budget_far_longer_than_its_corpus_can_use_is_said_so():
+    assert shape_plan.too_many_passes(2 * PASSES_PER_MODEL) is None  # two models' worth: nothing to say
+    said = shape_plan.too_many_passes(4.07e6)
+    assert said.startswith("the budget passes over the data 4,070,000 times") and "shorter --max_minutes" in said

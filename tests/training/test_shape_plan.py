@@ -65,6 +65,14 @@ def test_a_longer_budget_or_a_larger_corpus_buys_a_larger_model(timed):
     assert len(timed) == len(record["candidates"]) < len(SHAPES)  # larger ones were never built
 
 
+def test_the_rule_says_so_when_no_candidate_meets_it(timed):
+    starved = _choose(0.05, 100_000_000).record()  # seconds for a huge corpus: every shape sees too few tokens
+    assert starved["chosen"] == SHAPES[0].name
+    assert starved["candidates"][0]["tokens_per_parameter"] < TOKENS_PER_PARAMETER
+    assert starved["rule"].startswith("the smallest candidate: none was planned to see at least")
+    assert _choose(10, 500_000).record()["rule"].startswith("the largest candidate planned to see at least")
+
+
 def test_repeated_tokens_are_worth_less_than_new_ones():
     assert effective_tokens(0.5, 1000) == 500 and effective_tokens(1.0, 1000) == 1000
     assert 6_500 < effective_tokens(8.0, 1000) < 6_700  # eight passes are worth about 6.6 (Muennighoff et al.)
@@ -177,3 +185,18 @@ def test_the_default_blocks_are_qwen3s_and_export():
     assert (default.hidden_act, default.attention_bias, default.qk_norm) == ("swiglu", False, True)
     assert default.intermediate_size == Shape(2, 64, 2).settings("swiglu")["intermediate_size"]
     assert mapping_problems(default, "qwen3") == []
+
+
+def test_a_width_given_by_hand_gets_the_default_feed_forward_for_it_unless_one_is_given():
+    from hf_minitx.training.run_plan import resolve_model_settings
+
+    def settings(preset, overrides):
+        return resolve_model_settings(ModelArguments(preset=preset, config_overrides=overrides), DataArguments())
+
+    preset_width = settings(None, None)["intermediate_size"]
+    assert settings(None, "hidden_size=96,num_attention_heads=3")["intermediate_size"] == 64  # 2/3 of 96: gated
+    assert settings(None, "hidden_size=96,num_attention_heads=3,intermediate_size=200")["intermediate_size"] == 200
+    assert settings(None, "hidden_size=96,num_attention_heads=3,hidden_act=relu2")["intermediate_size"] == 96
+    assert settings(None, "num_hidden_layers=3")["intermediate_size"] == preset_width  # the width is the preset's
+    assert settings("tiny", "hidden_size=96,num_attention_heads=3")["intermediate_size"] == settings(
+        "tiny", None)["intermediate_size"]  # a preset named by hand keeps its own
