@@ -123,6 +123,14 @@ def plans_shape(model_args: ModelArguments, data_args: DataArguments, train_args
             and not data_args.streaming)
 
 
+def step_cap(train_args: TrainArguments, batches_per_epoch: int) -> int | float:
+    """The most steps --max_steps or --num_epochs leave a budget (infinity: the time alone bounds it)."""
+    caps = [train_args.max_steps] if train_args.max_steps is not None else []
+    if train_args.num_epochs is not None:
+        caps.append(math.ceil(train_args.num_epochs * batches_per_epoch / train_args.gradient_accumulation_steps))
+    return min(caps, default=math.inf)
+
+
 def effective_tokens(passes: float, corpus_tokens: int) -> float:
     """Tokens' worth of ``passes`` over ``corpus_tokens`` unique tokens: each pass after the first is worth less
     (Muennighoff et al.'s D' = U (1 + R* (1 - exp(-(R - 1) / R*))), with R the passes made; one pass or less: as
@@ -156,7 +164,7 @@ def plan_shape(settings: dict[str, Any], train_args: TrainArguments, block_size:
         if reduce is not None:
             step_seconds = float(reduce(torch.tensor(step_seconds, device=device), "mean").item())
         left = budget * (1.0 - MARGIN) - (time.perf_counter() - started)  # the time plan keeps the same margin
-        steps = max(0, math.floor(left / step_seconds))
+        steps = min(max(0, math.floor(left / step_seconds)), step_cap(train_args, batches_per_epoch))
         passes = steps * train_args.gradient_accumulation_steps / max(batches_per_epoch, 1)
         tokens = effective_tokens(passes, corpus_tokens)
         timings.append({"shape": shape, "seconds_per_step": step_seconds, "planned_steps": steps,

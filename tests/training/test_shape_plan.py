@@ -73,6 +73,18 @@ def test_the_rule_says_so_when_no_candidate_meets_it(timed):
     assert _choose(10, 500_000).record()["rule"].startswith("the largest candidate planned to see at least")
 
 
+def test_max_steps_or_num_epochs_bound_the_steps_a_budget_plans_its_shape_for(timed):
+    batches = math.ceil(500_000 / (8 * 128))
+
+    def plan(**bound):
+        return plan_shape(SETTINGS, TrainArguments(max_minutes=30, **bound), 128, batches, 500_000, device="cpu")
+
+    free, capped, one_pass = plan(), plan(max_steps=50), plan(num_epochs=1.0)
+    assert all(c["planned_steps"] == 50 for c in capped.candidates)
+    assert all(c["planned_steps"] <= batches and c["planned_passes"] <= 1.0 for c in one_pass.candidates)
+    assert SHAPES.index(capped.chosen) < SHAPES.index(free.chosen)  # fewer tokens buy a smaller model
+
+
 def test_repeated_tokens_are_worth_less_than_new_ones():
     assert effective_tokens(0.5, 1000) == 500 and effective_tokens(1.0, 1000) == 1000
     assert 6_500 < effective_tokens(8.0, 1000) < 6_700  # eight passes are worth about 6.6 (Muennighoff et al.)
