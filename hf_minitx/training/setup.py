@@ -38,7 +38,6 @@ from .run_folder import claim_output_folder, get_tokenizer
 from .run_length import SCHEDULE_CHANGES, late_dropout_plan, run_length, schedule_changes
 from .run_plan import RunPlan, build_config, check_global_batch, check_not_complete, shift_window
 from .shape_plan import (
-    MIN_PHASE_STEPS,
     PASSES_PER_MODEL,
     PHASES,
     SHAPE_PLAN,
@@ -46,6 +45,7 @@ from .shape_plan import (
     plan_phases,
     plan_shape,
     too_many_passes,
+    unsplit_reason,
 )
 from .state import LoopSettings, RunState, TrainingRun
 from .training_data import load_training_corpus, prepare_data, streaming_train_batches, training_loader
@@ -166,10 +166,8 @@ def choose_planned_shape(plan: RunPlan, tokenizer: PreTrainedTokenizerBase, acce
         accelerator.print(f"{split['passes_of_one_model']:g} passes over the data are more than one model learns "
                           f"from ({PASSES_PER_MODEL:g}): a teacher trains for {split['teacher_minutes']:.3g} min, then "
                           f"a student learns from it for {split['student_minutes']:.3g} min")
-    elif may_split(plan.train_args) and planned["planned_passes"] > PASSES_PER_MODEL:
-        accelerator.print(f"{planned['planned_passes']:g} passes over the data are more than one model learns from "
-                          f"({PASSES_PER_MODEL:g}), but {planned['planned_steps']:,} steps are too few for a teacher "
-                          f"and a student of {MIN_PHASE_STEPS} steps each: one model trains")
+    elif may_split(plan.train_args) and unsplit_reason(planned["planned_passes"], planned["planned_steps"]):
+        accelerator.print(unsplit_reason(planned["planned_passes"], planned["planned_steps"]))
     return chosen.seconds
 
 

@@ -223,6 +223,16 @@ def plan_phases(passes: float, steps: int, minutes: float) -> dict[str, Any] | N
             "teacher_minutes": minutes * TEACHER_SHARE, "student_minutes": minutes * (1.0 - TEACHER_SHARE)}
 
 
+def unsplit_reason(passes: float, steps: int) -> str | None:
+    """Why a budget past PASSES_PER_MODEL passes trains one model all the same (None: it is not past them, or it
+    splits)."""
+    if passes <= PASSES_PER_MODEL or phases_fit(steps):
+        return None
+    return (f"{passes:g} passes over the data are more than one model learns from ({PASSES_PER_MODEL:g}), but "
+            f"{steps:,} steps are too few for a teacher and a student of {MIN_PHASE_STEPS} steps each: one model "
+            "trains")
+
+
 def phases_fit(steps: int) -> bool:
     """Whether ``steps`` of one model, split, leave each phase MIN_PHASE_STEPS (the student's at its pace)."""
     return steps * min(TEACHER_SHARE, 1.0 - TEACHER_SHARE) / STUDENT_STEP_COST >= MIN_PHASE_STEPS

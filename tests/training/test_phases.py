@@ -42,6 +42,10 @@ def test_more_passes_than_one_model_uses_split_the_budget_in_two():
     just_short = math.floor(2 * MIN_PHASE_STEPS * STUDENT_STEP_COST) - 1
     assert plan_phases(PASSES_PER_MODEL * 2, just_short, 10.0) is None
     assert plan_phases(PASSES_PER_MODEL * 2, just_short + 2, 10.0) is not None
+    # a budget past the passes of one model that does not split says why
+    assert f"{just_short:,} steps are too few" in shape_plan.unsplit_reason(PASSES_PER_MODEL * 2, just_short)
+    assert shape_plan.unsplit_reason(PASSES_PER_MODEL * 2, just_short + 2) is None
+    assert shape_plan.unsplit_reason(PASSES_PER_MODEL, 10) is None
     split = plan_phases(PASSES_PER_MODEL + 0.1, 5000, 10.0)
     assert split["teacher_minutes"] + split["student_minutes"] == 10.0 and split["teacher_minutes"] > 0
     assert split["passes_of_one_model"] > split["passes_per_model"] == PASSES_PER_MODEL
