@@ -108,9 +108,11 @@ def _budget_rows(summary: dict) -> list[tuple[str, str]]:
         ended = "the plan ran to its end" if budget.get("ended_by") == "plan" else "the clock stopped it first"
         planned_for = (f" (planned for {budget['planned_for_minutes']:g} min before a resume)"
                        if budget.get("planned_for_minutes") else "")
-        kept = _kept_phase(summary)
-        share = f" (the {kept}'s share of the {summary['phases']['minutes']:g}-minute budget)" if kept else ""
-        rows.append(("Time budget", f"{budget['budget_minutes']:g} min{share}: {budget['planned_steps']:,} steps "
+        kept, minutes = _kept_phase(summary), f"{budget['budget_minutes']:g} min"
+        if kept:  # the kept model's own budget is its share of the split (a resume may have moved its clock)
+            phases = summary["phases"]
+            minutes = f"{phases['minutes']:g} min in two phases, the {kept}'s {phases[f'{kept}_minutes']:.3g} min"
+        rows.append(("Time budget", f"{minutes}: {budget['planned_steps']:,} steps "
                      f"planned{planned_for} after a {budget['probe_steps']}-step timed probe; "
                      f"{budget['steps_run']:,} ran ({ended})"))
     if summary.get("epochs") is not None:

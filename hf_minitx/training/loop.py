@@ -197,7 +197,8 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
             if settings.checkpointing_steps and state.step % settings.checkpointing_steps == 0:
                 save_checkpoint(run, state)
             if probe is not None and probe.timed(state.step, time.perf_counter() - step_start - evaluation_seconds):
-                probe, made = fix_plan(run, state, probe, time.perf_counter() - start)  # may evaluate once
+                probe, made = fix_plan(run, state, probe, time.perf_counter() - start,  # may evaluate once
+                                       evaluation_seconds if evaluated_at == state.step else None)
                 evaluated_at, settings = max(evaluated_at, made), run.settings
                 progress.total = settings.total_steps
                 progress.refresh()
@@ -394,11 +395,13 @@ def evaluate_and_check_target(run: TrainingRun, state: RunState, outcome: FitOut
     return reached
 
 
-def fix_plan(run: TrainingRun, state: RunState, probe: Probe, elapsed: float) -> tuple[Probe | None, int]:
+def fix_plan(run: TrainingRun, state: RunState, probe: Probe, elapsed: float,
+             evaluated: float | None = None) -> tuple[Probe | None, int]:
     """Plan the time budget from the timed window: the figures agreed by every process (their mean); the first
-    time, one evaluation is timed when the run will evaluate along the way. The schedule is laid over the
-    planned steps (``lay_plan``). Returns (the next timing window or None once the plan is final, the step of an
-    evaluation made here or -1)."""
+    time, one evaluation is timed when the run will evaluate along the way (``evaluated``: the seconds of one
+    made at this step already, timed instead of a second). The schedule is laid over the planned steps
+    (``lay_plan``). Returns (the next timing window or None once the plan is final, the step of an evaluation
+    made here or -1)."""
     budget, accelerator = run.budget, run.accelerator
     figures = torch.tensor([probe.seconds_per_step, elapsed], dtype=torch.float64,
                            device=accelerator.device)
@@ -406,10 +409,13 @@ def fix_plan(run: TrainingRun, state: RunState, probe: Probe, elapsed: float) ->
     evaluated_at, eval_seconds = -1, budget.seconds_per_evaluation or 0.0
     if budget.planned_steps is None and budget.evaluations(budget.steps_that_fit(state.step, elapsed, step_seconds, 0)):
         begin = time.perf_counter()
-        validate(run, state)
-        spent = torch.tensor(time.perf_counter() - begin, dtype=torch.float64, device=accelerator.device)
+        if evaluated is None:
+            validate(run, state)
+        spent = torch.tensor(evaluated if evaluated is not None else time.perf_counter() - begin,
+                             dtype=torch.float64, device=accelerator.device)
         evaluated_at, eval_seconds = state.step, accelerator.reduce(spent, "mean").item()
-        elapsed += eval_seconds
+        if evaluated is None:  # made after ``elapsed`` was read (one made before it is in it)
+            elapsed += eval_seconds
     lay_plan(run, state, budget.steps_that_fit(state.step, elapsed, step_seconds, eval_seconds), step_seconds,
              eval_seconds)
     return (None if budget.final else budget.second_window(state.step)), evaluated_at

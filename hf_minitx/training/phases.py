@@ -144,8 +144,13 @@ def train_student(model_args: ModelArguments, data_args: DataArguments, train_ar
     args = replace(train_args, output_dir=str(student), max_minutes=minutes,
                    distill_from=str(teacher), resume_from_checkpoint="latest" if resume else None,
                    overwrite_output_dir=not resume, push_to_hub=False)
-    logger.warning("the budget passes over the data %.1f times, more than one model learns from: the student trains "
-                   "for %.3g min in %s, learning from the teacher", split["passes_of_one_model"], minutes, student)
+    if resume:  # its budget follows the rules of any resumed run: a plan made goes on, the clock may move
+        given = "" if minutes == split["student_minutes"] else f", given --max_minutes {minutes:g}"
+        logger.warning("the student resumes in %s, learning from the teacher%s", student, given)
+    else:
+        logger.warning("the budget passes over the data %.1f times, more than one model learns from: the student "
+                       "trains for %.3g min in %s, learning from the teacher", split["passes_of_one_model"], minutes,
+                       student)
     try:
         train(replace(model_args, config_overrides=overrides), replace(data_args, tokenizer=str(teacher)), args)
     finally:
@@ -154,11 +159,10 @@ def train_student(model_args: ModelArguments, data_args: DataArguments, train_ar
 
 def student_minutes(split: dict[str, Any], given: float | None) -> float:
     """The student's budget: its share of the split, or a --max_minutes other than the whole budget given to a
-    resume (a longer one, as a budget that ran out inside a phase's timing probe asks for)."""
+    resume (a longer one, as a budget that ran out inside a phase's timing probe asks for). A student with a plan
+    keeps it, as any resumed run does: the budget then only moves its clock."""
     if given is None or given in (split["minutes"], split["teacher_minutes"]):  # the teacher's: the run's own args
         return split["student_minutes"]
-    logger.warning("--max_minutes %g given to the resume: the student trains for %g min (the split of the %g-minute "
-                   "budget gave it %.3g)", given, given, split["minutes"], split["student_minutes"])
     return given
 
 

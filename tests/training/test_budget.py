@@ -366,3 +366,16 @@ def test_a_budget_spent_inside_its_probe_names_a_step_without_the_shape_timing_a
     assert "8 step(s) of about 0.38 s" in said  # not (6 + 3) / 8 = 1.12 s
     advised = float(said.split("--resume_from_checkpoint latest --max_minutes ")[1].split()[0])
     assert advised == run.budget.shortest_budget(0.375)
+
+
+@pytest.mark.slow
+def test_the_probe_times_an_evaluation_already_made_at_its_step_instead_of_making_a_second(text_file, tmp_path,  # noqa: F811
+                                                                                            monkeypatch):
+    from hf_minitx.training import loop
+
+    monkeypatch.setattr(loop, "time", TickingClock(0.004))
+    out = tmp_path / "twice"
+    main(causal_args(text_file, out, "--max_minutes", "30", "--max_steps", "40", "--eval_steps", "10"))
+    evaluations = [r["step"] for r in records(out, "eval") if "temperature" not in r]
+    assert evaluations == [10, 20, 30, 40]  # step 20, the probe's, is scored once
+    assert summary_of(out)["time_budget"]["seconds_per_evaluation"] > 0  # and its time is the plan's figure
