@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -46,7 +46,8 @@ def _field_problems(config: PretrainedConfig, target: str) -> list[tuple[str, ob
                    ("norm_type", "rmsnorm", f"{name} uses RMSNorm"),
                    ("hidden_act", "swiglu", f"{name} uses swiglu"),
                    ("qk_norm", target == "qwen3", "Qwen3 normalises queries and keys" if target == "qwen3"
-                    else "Llama has no QK-norm (export with --to qwen3, or --gguf_architecture qwen3)")]
+                    else "Llama has no QK-norm (export with --to qwen3, or to GGUF with --gguf_architecture qwen3 "
+                         "or auto)")]
     else:
         wanted += [("norm_type", "layernorm", "GPT-2 uses LayerNorm"),
                    ("qk_norm", False, "GPT-2 has no QK-norm")]
@@ -245,9 +246,10 @@ class ExportArguments:
     to: str = field(metadata={"help": "qwen3 (RMSNorm, SwiGLU, rotary, QK-norm), llama (the same without QK-norm), "
                                       "gpt2 (LayerNorm, learned positions, GELU), or gguf (a GGUF file)"})
     output_dir: str = field(metadata={"help": "the folder to write (new or empty; see --overwrite)"})
-    gguf_architecture: str = field(default="auto", metadata={
-        "help": "with --to gguf: qwen3, llama, or auto (qwen3 with QK-norm, else llama)"})
-    gguf_type: str = field(default="f32", metadata={"help": "with --to gguf: f32 (exact) or f16 (half the size)"})
+    gguf_architecture: str | None = field(default=None, metadata={
+        "help": "with --to gguf only: qwen3, llama, or auto (the default: qwen3 with QK-norm, else llama)"})
+    gguf_type: str | None = field(default=None, metadata={
+        "help": "with --to gguf only: f32 (the default, exact) or f16 (half the size)"})
     overwrite: bool = field(default=False, metadata={"help": "replace an --output_dir minitx export made"})
 
 
@@ -257,16 +259,16 @@ def check_export_arguments(args: ExportArguments) -> None:
 
     if args.to not in TARGETS:
         raise ValueError(f"--to {args.to!r} is not a target; choose one of {', '.join(TARGETS)}")
+    given = [name for name in ("gguf_architecture", "gguf_type") if getattr(args, name) is not None]
+    if given and args.to != "gguf":
+        raise ValueError(f"--{given[0]} applies to --to gguf, not --to {args.to} (which writes float32 "
+                         f"safetensors); drop it, or export with --to gguf")
+    args.gguf_architecture, args.gguf_type = args.gguf_architecture or "auto", args.gguf_type or "f32"
     if args.gguf_architecture not in ("auto", *GGUF_ARCHITECTURES):
         raise ValueError(f"--gguf_architecture {args.gguf_architecture!r}: choose auto, "
                          f"{', '.join(GGUF_ARCHITECTURES)}")
     if args.gguf_type not in GGUF_TYPES:
         raise ValueError(f"--gguf_type {args.gguf_type!r}: choose one of {', '.join(GGUF_TYPES)}")
-    defaults = {f.name: f.default for f in fields(ExportArguments)}
-    given = [name for name in ("gguf_architecture", "gguf_type") if getattr(args, name) != defaults[name]]
-    if given and args.to != "gguf":
-        raise ValueError(f"--{given[0]} applies to --to gguf, not --to {args.to} (which writes float32 "
-                         f"safetensors); drop it, or export with --to gguf")
 
 
 def _saver(model: PreTrainedModel, tokenizer, source: str, args: ExportArguments) -> Callable[[Path], None]:

@@ -42,6 +42,17 @@ MIN_WINDOW = 50  # steps: a second timing after ``slower_from`` needs at least t
 SHORTER = 0.25  # a second timing after ``slower_from`` ends early enough for a final plan this much shorter
 
 
+def length_cap(max_steps: int | None, num_epochs: float | None, batches_per_epoch: int | None,
+               accumulation_steps: int) -> int | None:
+    """The steps --max_steps (which wins) or --num_epochs bound a run to; None: neither (or epochs of a stream,
+    whose length is unknown)."""
+    if max_steps:
+        return max_steps
+    if num_epochs and batches_per_epoch:
+        return max(1, math.ceil(num_epochs * batches_per_epoch / accumulation_steps))
+    return None
+
+
 @dataclass
 class TimeBudget:
     """The plan of a run with ``--max_minutes``: the budget, the length bound from --max_steps/--num_epochs, the
@@ -83,10 +94,10 @@ class TimeBudget:
         every transformers schedule."""
         return self.step_cap or 10**9
 
-    def shortest_budget(self, step_seconds: float) -> float:
+    def shortest_budget(self, step_seconds: float, spent: float = 0.0) -> float:
         """Minutes a budget needs at ``step_seconds`` a step to make a plan and decay: the timing probe and as many
-        steps again, before the margin."""
-        return math.ceil(2 * self.probe_steps * step_seconds / (1.0 - MARGIN) / 60 * 100) / 100
+        steps again, before the margin, after ``spent`` seconds on the clock that no step took (a shape's timing)."""
+        return math.ceil((spent + 2 * self.probe_steps * step_seconds) / (1.0 - MARGIN) / 60 * 100) / 100
 
     def evaluations(self, steps: int) -> int:
         """How many evaluations a run of ``steps`` makes along the way."""

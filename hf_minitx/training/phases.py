@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 from collections.abc import Callable
 from dataclasses import replace
@@ -140,7 +141,7 @@ def train_student(model_args: ModelArguments, data_args: DataArguments, train_ar
     if student.is_dir() and not resume:
         logger.warning("%s holds no checkpoint of the student (--checkpointing_steps saves them): it starts again "
                        "from its first step", student)
-    minutes = student_minutes(split, train_args.max_minutes)
+    minutes = student_minutes(split, train_args.max_minutes, (record.get("time_budget") or {}).get("budget_minutes"))
     args = replace(train_args, output_dir=str(student), max_minutes=minutes,
                    distill_from=str(teacher), resume_from_checkpoint="latest" if resume else None,
                    overwrite_output_dir=not resume, push_to_hub=False)
@@ -157,11 +158,13 @@ def train_student(model_args: ModelArguments, data_args: DataArguments, train_ar
         unlock_folder(student)
 
 
-def student_minutes(split: dict[str, Any], given: float | None) -> float:
-    """The student's budget: its share of the split, or a --max_minutes other than the whole budget given to a
-    resume (a longer one, as a budget that ran out inside a phase's timing probe asks for). A student with a plan
-    keeps it, as any resumed run does: the budget then only moves its clock."""
-    if given is None or given in (split["minutes"], split["teacher_minutes"]):  # the teacher's: the run's own args
+def student_minutes(split: dict[str, Any], given: float | None, teacher_minutes: float | None = None) -> float:
+    """The student's budget: its share of the split, or a --max_minutes given to a resume of the student (a longer
+    one, as a budget that ran out inside its timing probe asks for). One that is the whole budget, the teacher's
+    share, or the budget the teacher itself ran to (``teacher_minutes``: a resume of the teacher with it) is not
+    the student's. A student with a plan keeps it, as any resumed run does: the budget then only moves its clock."""
+    if given is None or any(math.isclose(given, minutes) for minutes in (
+            split["minutes"], split["teacher_minutes"], teacher_minutes or split["teacher_minutes"])):
         return split["student_minutes"]
     return given
 

@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from .arguments import TrainArguments
-from .budget import LENGTH_FREE_SCHEDULES, TimeBudget, every
+from .budget import LENGTH_FREE_SCHEDULES, TimeBudget, every, length_cap
 from .optim import describe_schedule, relay_schedule, schedule_factor
 from .run_plan import RunPlan
 from .shape_plan import PHASES, SHAPE_PLAN
@@ -38,15 +38,11 @@ def run_length(plan: RunPlan, batches_per_epoch: int | None) -> tuple[int, TimeB
     """
     args, k = plan.train_args, plan.train_args.gradient_accumulation_steps
 
-    def epochs(count: float) -> int:
-        return max(1, math.ceil(count * batches_per_epoch / k))
-
     if args.max_minutes is None:
-        return args.max_steps or epochs(args.num_epochs or 1.0), None
+        return length_cap(args.max_steps, args.num_epochs or 1.0, batches_per_epoch, k), None
     saved = plan.resume_state or {}
     timing = saved.get("plan_timing") or {}
-    cap = (args.max_steps or (epochs(args.num_epochs) if args.num_epochs and batches_per_epoch else None)
-           or timing.get("step_cap"))
+    cap = length_cap(args.max_steps, args.num_epochs, batches_per_epoch, k) or timing.get("step_cap")
     stable = args.lr_scheduler_type in LENGTH_FREE_SCHEDULES and args.decay_ratio < 1
     fractions = [v for v in (args.eval_steps, args.checkpointing_steps) if v and v < 1]
     planned_for = timing.get("budget_minutes") if saved.get("planned_steps") else None  # see resumed_budget
@@ -119,12 +115,14 @@ def refuse_unplanned_budget(run: TrainingRun, state: RunState, outcome: FitOutco
     budget = run.budget
     if budget is None or budget.planned_steps is not None or not outcome.stopped_by_time_budget:
         return
-    shape_plan = run.checkpoint_fields.get(SHAPE_PLAN) or {}  # its timing is in train_seconds, but is no step's
-    step_seconds = max(state.train_seconds - shape_plan.get("timing_seconds", 0.0), 0.0) / max(state.step, 1)
+    shape_plan = run.checkpoint_fields.get(SHAPE_PLAN) or {}  # its timing is on the clock, but is no step's
+    timing = min(shape_plan.get("timing_seconds", 0.0), state.train_seconds)
+    step_seconds = (state.train_seconds - timing) / max(state.step, 1)
     share = shape_plan.get(PHASES)
-    whose = (f" (the teacher's share of a {share['minutes']:g}-minute budget split in two)" if share else "")
+    whose = (f" (the teacher's share of a {share['minutes']:g}-minute budget split in two)"
+             if share and math.isclose(budget.seconds / 60, share["teacher_minutes"]) else "")
     resume = (f"{outcome.checkpoint} holds them: resume it with --resume_from_checkpoint latest --max_minutes "
-              f"{budget.shortest_budget(step_seconds):g}" if outcome.checkpoint else "nothing was saved")
+              f"{budget.shortest_budget(step_seconds, timing):g}" if outcome.checkpoint else "nothing was saved")
     raise ValueError(f"--max_minutes {budget.seconds / 60:g} ({budget.seconds:.1f} s){whose} ran out after "
                      f"{state.step} step(s) of about {step_seconds:.2f} s, inside the {budget.probe_steps}-step timing "
                      "probe that makes the plan: the schedule never decayed, so no model is saved as the run's result; "

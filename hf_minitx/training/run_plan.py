@@ -123,6 +123,7 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     plan.checkpoint = resolve_checkpoint(train_args.resume_from_checkpoint, plan.output_dir)
     plan.resume_state = read_run_state(plan.checkpoint)
     take_planned_shape(plan)
+    keep_recorded_feed_forward(plan)
     check_compatible(plan.checkpoint, plan.resume_state, plan.identity)
     check_same_run(plan.output_dir, plan.checkpoint, plan.resume_state)
     check_same_inputs(plan.checkpoint, plan.resume_state, plan.identity, accept_edits=data_args.accept_changed_inputs,
@@ -159,6 +160,18 @@ def take_planned_shape(plan: RunPlan) -> None:
     split, args = planned_split(recorded), plan.train_args
     if split and args.max_minutes in (None, split["minutes"]) and args.max_steps is None and args.num_epochs is None:
         args.max_minutes = split["teacher_minutes"]  # the whole budget names the teacher's share of it
+
+
+def keep_recorded_feed_forward(plan: RunPlan) -> None:
+    """A resumed run whose feed-forward size was derived from a width given by hand (``resolve_model_settings``)
+    takes the checkpoint's: a run started before that derivation trained the preset's own, and the same command
+    must resume it."""
+    recorded = (plan.resume_state.get("model_settings") or {}).get("intermediate_size")
+    overrides = parse_config_overrides(plan.model_args.config_overrides)
+    derived = plan.model_args.preset is None and "hidden_size" in overrides and "intermediate_size" not in overrides
+    if derived and recorded is not None and recorded != plan.settings["intermediate_size"]:
+        plan.settings["intermediate_size"] = recorded
+        plan.config = build_config(plan.settings, DEFAULT_PRESET)
 
 
 def resolve_model_settings(model_args: ModelArguments, data_args: DataArguments) -> dict[str, Any]:

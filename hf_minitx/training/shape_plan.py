@@ -32,7 +32,7 @@ from torch import nn
 from ..models import MiniTxConfig, MiniTxForCausalLM
 from ..models.layers_minitx import ACTIVATIONS
 from .arguments import DataArguments, ModelArguments, TrainArguments
-from .budget import MARGIN
+from .budget import MARGIN, length_cap
 from .model_presets import parse_config_overrides
 from .optim import build_optimizer, partition_parameters
 
@@ -89,6 +89,7 @@ class ShapePlan:
     hidden_act: str  # the blocks' feed-forward, which sets the shape's feed-forward size
     candidates: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    met_rule: bool = True  # False: no candidate reached TOKENS_PER_PARAMETER, the smallest was taken
 
     @property
     def planned(self) -> dict[str, Any]:
@@ -105,7 +106,7 @@ class ShapePlan:
         """Why the chosen shape: the rule it met, or that no candidate met it."""
         wanted = (f"at least {TOKENS_PER_PARAMETER:g} effective tokens per non-embedding parameter (repeated tokens "
                   "discounted)")
-        if self.planned["tokens_per_parameter"] >= TOKENS_PER_PARAMETER:
+        if self.met_rule:
             return f"the largest candidate planned to see {wanted}"
         return f"the smallest candidate: none was planned to see {wanted}"
 
@@ -121,14 +122,6 @@ def plans_shape(model_args: ModelArguments, data_args: DataArguments, train_args
     (a resumed one takes the shape its checkpoint recorded, with or without --max_minutes)."""
     return (not shape_given(model_args) and train_args.max_minutes is not None and data_args.task == "causal-lm"
             and not data_args.streaming)
-
-
-def step_cap(train_args: TrainArguments, batches_per_epoch: int) -> int | float:
-    """The most steps --max_steps or --num_epochs leave a budget (infinity: the time alone bounds it)."""
-    caps = [train_args.max_steps] if train_args.max_steps is not None else []
-    if train_args.num_epochs is not None:
-        caps.append(math.ceil(train_args.num_epochs * batches_per_epoch / train_args.gradient_accumulation_steps))
-    return min(caps, default=math.inf)
 
 
 def effective_tokens(passes: float, corpus_tokens: int) -> float:
@@ -158,13 +151,15 @@ def plan_shape(settings: dict[str, Any], train_args: TrainArguments, block_size:
     one sees fewer tokens for more parameters). ``reduce``: a mean over the processes, so that all choose alike
     (accelerate's ``reduce``)."""
     started, budget = time.perf_counter(), train_args.max_minutes * 60
+    cap = length_cap(train_args.max_steps, train_args.num_epochs, batches_per_epoch,
+                     train_args.gradient_accumulation_steps) or math.inf  # --max_steps or --num_epochs bound it
     timings: list[dict[str, Any]] = []
     for shape in SHAPES:
         step_seconds, parameters = time_shape(settings, shape, train_args, block_size, device)
         if reduce is not None:
             step_seconds = float(reduce(torch.tensor(step_seconds, device=device), "mean").item())
         left = budget * (1.0 - MARGIN) - (time.perf_counter() - started)  # the time plan keeps the same margin
-        steps = min(max(0, math.floor(left / step_seconds)), step_cap(train_args, batches_per_epoch))
+        steps = min(max(0, math.floor(left / step_seconds)), cap)
         passes = steps * train_args.gradient_accumulation_steps / max(batches_per_epoch, 1)
         tokens = effective_tokens(passes, corpus_tokens)
         timings.append({"shape": shape, "seconds_per_step": step_seconds, "planned_steps": steps,
@@ -177,7 +172,8 @@ def plan_shape(settings: dict[str, Any], train_args: TrainArguments, block_size:
                    "planned_steps": t["planned_steps"], "planned_passes": round(t["planned_passes"], 2),
                    "parameters": t["parameters"], "tokens_per_parameter": round(t["tokens_per_parameter"], 2)}
                   for t in timings]
-    return ShapePlan(chosen, settings["hidden_act"], candidates, time.perf_counter() - started)
+    return ShapePlan(chosen, settings["hidden_act"], candidates, time.perf_counter() - started,
+                     met_rule=any(t["tokens_per_parameter"] >= TOKENS_PER_PARAMETER for t in timings))
 
 
 def non_embedding_parameters(model: nn.Module) -> int:
@@ -229,8 +225,8 @@ def unsplit_reason(passes: float, steps: int) -> str | None:
     if passes <= PASSES_PER_MODEL or phases_fit(steps):
         return None
     return (f"{passes:g} passes over the data are more than one model learns from ({PASSES_PER_MODEL:g}), but "
-            f"{steps:,} steps are too few for a teacher and a student of {MIN_PHASE_STEPS} steps each: one model "
-            "trains")
+            f"{steps:,} steps of it are too few for a teacher and a student of {MIN_PHASE_STEPS} steps each (a "
+            f"student's step costs {STUDENT_STEP_COST:g} of one model's): one model trains")
 
 
 def phases_fit(steps: int) -> bool:

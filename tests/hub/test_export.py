@@ -276,7 +276,7 @@ def test_gguf_refuses_a_gpt2_style_model_naming_the_fields(tmp_path, tokenizer):
 
 def test_a_gguf_option_with_a_stock_target_is_refused_and_a_llama_gguf_names_the_qwen3_form(tmp_path, tokenizer):
     save_source(tmp_path / "src", tokenizer, **SOURCES["qwen3"][1])
-    for option in (["--gguf_type", "f16"], ["--gguf_architecture", "llama"]):
+    for option in (["--gguf_type", "f16"], ["--gguf_architecture", "llama"], ["--gguf_type", "f32"]):
         with pytest.raises(ValueError, match=f"{option[0]} applies to --to gguf, not --to qwen3"):
             main(["--model", str(tmp_path / "src"), "--to", "qwen3", *option, "--output_dir", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()

@@ -365,7 +365,12 @@ def test_a_budget_spent_inside_its_probe_names_a_step_without_the_shape_timing_a
     assert "--max_minutes 0.15 (9.0 s) (the teacher's share of a 0.3-minute budget split in two)" in said
     assert "8 step(s) of about 0.38 s" in said  # not (6 + 3) / 8 = 1.12 s
     advised = float(said.split("--resume_from_checkpoint latest --max_minutes ")[1].split()[0])
-    assert advised == run.budget.shortest_budget(0.375)
+    assert advised == run.budget.shortest_budget(0.375, 6.0)  # the timing stays on the resumed clock
+    assert advised * 60 * (1 - MARGIN) > 6.0 + 2 * 20 * 0.375  # room for the probe and as many steps, after it
+    run.budget = TimeBudget(seconds=18.0)  # a budget given to a resume is not the teacher's share: not said so
+    with pytest.raises(ValueError) as refused:
+        refuse_unplanned_budget(run, state, outcome)
+    assert "teacher's share" not in str(refused.value)
 
 
 @pytest.mark.slow

@@ -43,7 +43,7 @@ def test_more_passes_than_one_model_uses_split_the_budget_in_two():
     assert plan_phases(PASSES_PER_MODEL * 2, just_short, 10.0) is None
     assert plan_phases(PASSES_PER_MODEL * 2, just_short + 2, 10.0) is not None
     # a budget past the passes of one model that does not split says why
-    assert f"{just_short:,} steps are too few" in shape_plan.unsplit_reason(PASSES_PER_MODEL * 2, just_short)
+    assert f"{just_short:,} steps of it are too few" in shape_plan.unsplit_reason(PASSES_PER_MODEL * 2, just_short)
     assert shape_plan.unsplit_reason(PASSES_PER_MODEL * 2, just_short + 2) is None
     assert shape_plan.unsplit_reason(PASSES_PER_MODEL, 10) is None
     split = plan_phases(PASSES_PER_MODEL + 0.1, 5000, 10.0)
@@ -57,6 +57,8 @@ def test_the_student_takes_its_share_unless_a_resume_gives_another_budget():
         assert phases.student_minutes(split, given) == split["student_minutes"]
     # a budget that ran out inside the student's timing probe names a longer one to resume with: it is used
     assert phases.student_minutes(split, 4.5) == 4.5
+    # but one the teacher was resumed with, and ran to, is the teacher's: the student keeps its share
+    assert phases.student_minutes(split, 4.5, teacher_minutes=4.5) == split["student_minutes"]
 
 
 @pytest.mark.parametrize(("given", "world_size", "expected"), [

@@ -83,6 +83,8 @@ def test_max_steps_or_num_epochs_bound_the_steps_a_budget_plans_its_shape_for(ti
     assert all(c["planned_steps"] == 50 for c in capped.candidates)
     assert all(c["planned_steps"] <= batches and c["planned_passes"] <= 1.0 for c in one_pass.candidates)
     assert SHAPES.index(capped.chosen) < SHAPES.index(free.chosen)  # fewer tokens buy a smaller model
+    both = plan(max_steps=5000, num_epochs=1.0)  # --max_steps wins over --num_epochs, as it does for the run
+    assert both.candidates[0]["planned_steps"] == 5000 > batches  # the smallest shape: time for more than that
 
 
 def test_repeated_tokens_are_worth_less_than_new_ones():
@@ -212,3 +214,24 @@ def test_a_width_given_by_hand_gets_the_default_feed_forward_for_it_unless_one_i
     assert settings(None, "num_hidden_layers=3")["intermediate_size"] == preset_width  # the width is the preset's
     assert settings("tiny", "hidden_size=96,num_attention_heads=3")["intermediate_size"] == settings(
         "tiny", None)["intermediate_size"]  # a preset named by hand keeps its own
+
+
+@pytest.mark.slow
+def test_a_run_started_with_the_presets_feed_forward_resumes_with_it(text_file, tmp_path):  # noqa: F811
+    """A checkpoint of a run from before the feed-forward followed a width given by hand holds the preset's size:
+    the same command resumes it, with that size."""
+    out = tmp_path / "old"
+
+    def args(overrides: str, *extra: str) -> list[str]:
+        return ["--task", "causal-lm", "--dataset", str(text_file), "--config_overrides",
+                f"hidden_size=32,num_attention_heads=2,max_position_embeddings=64{overrides}", "--tokenizer_vocab_size",
+                "300",
+                "--block_size", "32", "--output_dir", str(out), "--eval_steps", "0", "--max_eval_samples", "16",
+                "--num_sample_generations", "0", "--disable_tqdm", "--num_threads", "1", "--checkpointing_steps",
+                "2", *extra]
+
+    loop.main(args(",intermediate_size=42", "--max_steps", "2"))  # what such a run trained: the preset's 42
+    _reset_accelerate()
+    loop.main(args("", "--max_steps", "3", "--resume_from_checkpoint", "latest"))  # now derived: 22, recorded: 42
+    assert json.loads((out / "config.json").read_text())["intermediate_size"] == 42
+    assert json.loads((out / "training_summary.json").read_text())["steps"] == 3
