@@ -3,6 +3,8 @@ the recipe), and the number and text formats the card shares (``human``, ``durat
 
 from __future__ import annotations
 
+import math
+
 
 def human(count: float, unit: str = "") -> str:
     """12_345_678 -> '12.3M'."""
@@ -111,7 +113,11 @@ def _budget_rows(summary: dict) -> list[tuple[str, str]]:
         kept, minutes = _kept_phase(summary), f"{budget['budget_minutes']:g} min"
         if kept:  # the kept model's own budget is its share of the split (a resume may have moved its clock)
             phases = summary["phases"]
-            minutes = f"{phases['minutes']:g} min in two phases, the {kept}'s {phases[f'{kept}_minutes']:.3g} min"
+            share = phases[f"{kept}_minutes"]
+            minutes = f"{phases['minutes']:g} min in two phases, the {kept}'s {share:.3g} min"
+            if not budget.get("planned_for_minutes") and not math.isclose(budget["budget_minutes"], share,
+                                                                         rel_tol=1e-3):
+                minutes += f" ({budget['budget_minutes']:g} min given to a resume)"
         rows.append(("Time budget", f"{minutes}: {budget['planned_steps']:,} steps "
                      f"planned{planned_for} after a {budget['probe_steps']}-step timed probe; "
                      f"{budget['steps_run']:,} ran ({ended})"))

@@ -239,3 +239,17 @@ def test_a_budget_far_longer_than_its_corpus_can_use_is_said_so():
     assert shape_plan.too_many_passes(2 * PASSES_PER_MODEL) is None  # two models' worth: nothing to say
     said = shape_plan.too_many_passes(4.07e6)
     assert said.startswith("the budget passes over the data 4,070,000 times") and "shorter --max_minutes" in said
+
+
+def test_the_card_gives_the_kept_models_share_and_a_budget_a_resume_gave_it():
+    from hf_minitx.hub.card_training import training_rows
+
+    phases_record = {"minutes": 2.0, "teacher_minutes": 1.0, "student_minutes": 1.0, "model_kept": "student",
+                     "passes_of_one_model": 12.0, "passes_per_model": 10.0,
+                     "teacher": {"steps": 90, "passes": 4.0, "eval_loss": 5.0},
+                     "student": {"steps": 40, "passes": 2.0, "eval_loss": 4.9}}
+    budget = {"budget_minutes": 1.0, "planned_steps": 40, "probe_steps": 20, "steps_run": 40, "ended_by": "plan"}
+    rows = dict(training_rows({"phases": phases_record, "time_budget": budget, "steps": 40}))
+    assert rows["Time budget"].startswith("2 min in two phases, the student's 1 min: 40 steps planned")
+    rows = dict(training_rows({"phases": phases_record, "time_budget": {**budget, "budget_minutes": 2.47}}))
+    assert rows["Time budget"].startswith("2 min in two phases, the student's 1 min (2.47 min given to a resume):")
