@@ -104,17 +104,17 @@ def describe_shape_candidates(candidates: list[dict]) -> str:
 
 def _budget_rows(summary: dict) -> list[tuple[str, str]]:
     """Rows of the budget's plan and what ran, the passes over the data, the weights kept and the temperature."""
-    rows = []
+    rows, phase = [], _kept_phase(summary)  # two phases: the model the folder holds
     budget = summary.get("time_budget") or {}
     if budget.get("planned_steps"):
         ended = "the plan ran to its end" if budget.get("ended_by") == "plan" else "the clock stopped it first"
         planned_for = (f" (planned for {budget['planned_for_minutes']:g} min before a resume)"
                        if budget.get("planned_for_minutes") else "")
-        kept, minutes = _kept_phase(summary), f"{budget['budget_minutes']:g} min"
-        if kept:  # the kept model's own budget is its share of the split (a resume may have moved its clock)
+        minutes = f"{budget['budget_minutes']:g} min"
+        if phase:  # the kept model's own budget is its share of the split (a resume may have moved its clock)
             phases = summary["phases"]
-            share = phases[f"{kept}_minutes"]
-            minutes = f"{phases['minutes']:g} min in two phases, the {kept}'s {share:.3g} min"
+            share = phases[f"{phase}_minutes"]
+            minutes = f"{phases['minutes']:g} min in two phases, the {phase}'s {share:.3g} min"
             if not budget.get("planned_for_minutes") and not math.isclose(budget["budget_minutes"], share,
                                                                          rel_tol=1e-3):
                 minutes += f" ({budget['budget_minutes']:g} min given to a resume)"
@@ -122,7 +122,7 @@ def _budget_rows(summary: dict) -> list[tuple[str, str]]:
                      f"planned{planned_for} after a {budget['probe_steps']}-step timed probe; "
                      f"{budget['steps_run']:,} ran ({ended})"))
     if summary.get("epochs") is not None:
-        whose = f" (the {_kept_phase(summary)}'s)" if _kept_phase(summary) else ""
+        whose = f" (the {phase}'s)" if phase else ""
         rows.append(("Passes over the training data", f"{float(summary['epochs']):.2f}{whose}"))
     kept = summary.get("kept") or {}
     if kept and kept.get("step") != kept.get("last_step"):

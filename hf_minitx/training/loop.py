@@ -408,13 +408,14 @@ def fix_plan(run: TrainingRun, state: RunState, probe: Probe, elapsed: float,
     step_seconds, elapsed = accelerator.reduce(figures, "mean").tolist()
     evaluated_at, eval_seconds = -1, budget.seconds_per_evaluation or 0.0
     if budget.planned_steps is None and budget.evaluations(budget.steps_that_fit(state.step, elapsed, step_seconds, 0)):
-        begin = time.perf_counter()
-        if evaluated is None:
+        made_here = evaluated is None  # after ``elapsed`` was read (one made before it is in it)
+        if made_here:
+            begin = time.perf_counter()
             validate(run, state)
-        spent = torch.tensor(evaluated if evaluated is not None else time.perf_counter() - begin,
-                             dtype=torch.float64, device=accelerator.device)
+            evaluated = time.perf_counter() - begin
+        spent = torch.tensor(evaluated, dtype=torch.float64, device=accelerator.device)
         evaluated_at, eval_seconds = state.step, accelerator.reduce(spent, "mean").item()
-        if evaluated is None:  # made after ``elapsed`` was read (one made before it is in it)
+        if made_here:
             elapsed += eval_seconds
     lay_plan(run, state, budget.steps_that_fit(state.step, elapsed, step_seconds, eval_seconds), step_seconds,
              eval_seconds)

@@ -167,11 +167,16 @@ def keep_recorded_feed_forward(plan: RunPlan) -> None:
     takes the checkpoint's: a run started before that derivation trained the preset's own, and the same command
     must resume it."""
     recorded = (plan.resume_state.get("model_settings") or {}).get("intermediate_size")
-    overrides = parse_config_overrides(plan.model_args.config_overrides)
-    derived = plan.model_args.preset is None and "hidden_size" in overrides and "intermediate_size" not in overrides
+    derived = derives_feed_forward(plan.model_args, parse_config_overrides(plan.model_args.config_overrides))
     if derived and recorded is not None and recorded != plan.settings["intermediate_size"]:
         plan.settings["intermediate_size"] = recorded
         plan.config = build_config(plan.settings, DEFAULT_PRESET)
+
+
+def derives_feed_forward(model_args: ModelArguments, overrides: dict[str, Any]) -> bool:
+    """Whether the feed-forward size follows a width given by hand: the default blocks (no --preset), a
+    hidden_size override and no intermediate_size one (the preset's is that of its own width)."""
+    return model_args.preset is None and "hidden_size" in overrides and "intermediate_size" not in overrides
 
 
 def resolve_model_settings(model_args: ModelArguments, data_args: DataArguments) -> dict[str, Any]:
@@ -192,8 +197,7 @@ def resolve_model_settings(model_args: ModelArguments, data_args: DataArguments)
                          f"{'seq2seq' if overrides['is_encoder_decoder'] else 'causal-lm'} for "
                          f"{'an encoder-decoder' if overrides['is_encoder_decoder'] else 'a decoder-only'} model)")
     settings.update(overrides)
-    if model_args.preset is None and "hidden_size" in overrides and "intermediate_size" not in overrides:
-        # the default blocks' feed-forward follows the width (the preset's 42 is that of its 64)
+    if derives_feed_forward(model_args, overrides):
         settings["intermediate_size"] = feed_forward_size(settings["hidden_size"], settings["hidden_act"])
     if "is_encoder_decoder" in settings and bool(settings["is_encoder_decoder"]) != wants_seq2seq:
         kind = "an encoder-decoder" if settings["is_encoder_decoder"] else "a decoder-only"

@@ -166,8 +166,10 @@ def choose_planned_shape(plan: RunPlan, tokenizer: PreTrainedTokenizerBase, acce
         accelerator.print(f"{split['passes_of_one_model']:g} passes over the data are more than one model learns "
                           f"from ({PASSES_PER_MODEL:g}): a teacher trains for {split['teacher_minutes']:.3g} min, then "
                           f"a student learns from it for {split['student_minutes']:.3g} min")
-    elif may_split(plan.train_args) and unsplit_reason(planned["planned_passes"], planned["planned_steps"]):
-        accelerator.print(unsplit_reason(planned["planned_passes"], planned["planned_steps"]))
+    elif may_split(plan.train_args):
+        reason = unsplit_reason(planned["planned_passes"], planned["planned_steps"])
+        if reason:
+            accelerator.print(reason)
     return chosen.seconds
 
 

@@ -136,8 +136,13 @@ def effective_tokens(passes: float, corpus_tokens: int) -> float:
 def choose_shape(timings: list[dict[str, Any]]) -> Shape:
     """The largest timed candidate with at least TOKENS_PER_PARAMETER effective tokens per parameter, or the
     smallest when none has."""
-    fitting = [t for t in timings if t["tokens_per_parameter"] >= TOKENS_PER_PARAMETER]
+    fitting = [t for t in timings if meets_rule(t)]
     return (fitting[-1] if fitting else timings[0])["shape"]
+
+
+def meets_rule(timing: dict[str, Any]) -> bool:
+    """Whether a timed candidate is planned to see TOKENS_PER_PARAMETER effective tokens per parameter."""
+    return timing["tokens_per_parameter"] >= TOKENS_PER_PARAMETER
 
 
 def plan_shape(settings: dict[str, Any], train_args: TrainArguments, block_size: int, batches_per_epoch: int,
@@ -165,7 +170,7 @@ def plan_shape(settings: dict[str, Any], train_args: TrainArguments, block_size:
         timings.append({"shape": shape, "seconds_per_step": step_seconds, "planned_steps": steps,
                         "planned_passes": passes, "parameters": parameters,
                         "tokens_per_parameter": tokens / parameters})
-        if timings[-1]["tokens_per_parameter"] < TOKENS_PER_PARAMETER:
+        if not meets_rule(timings[-1]):
             break
     chosen = choose_shape(timings)
     candidates = [{"shape": t["shape"].name, "seconds_per_step": round(t["seconds_per_step"], 5),
@@ -173,7 +178,7 @@ def plan_shape(settings: dict[str, Any], train_args: TrainArguments, block_size:
                    "parameters": t["parameters"], "tokens_per_parameter": round(t["tokens_per_parameter"], 2)}
                   for t in timings]
     return ShapePlan(chosen, settings["hidden_act"], candidates, time.perf_counter() - started,
-                     met_rule=any(t["tokens_per_parameter"] >= TOKENS_PER_PARAMETER for t in timings))
+                     met_rule=any(map(meets_rule, timings)))
 
 
 def non_embedding_parameters(model: nn.Module) -> int:
