@@ -27,7 +27,7 @@ from ..inference import non_finite_weights
 from ..models import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration
 from .arguments import DEFAULT_PRESET, TrainArguments
 from .best import BestWeights
-from .budget import every
+from .budget import TimeBudget, every
 from .checkpoints import check_checkpoint_fits
 from .data_order import StepIndexedBatchSampler
 from .distill import check_teacher_vocabulary, load_distillation
@@ -92,25 +92,8 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
     if changes:  # the optimizer came back with the checkpoint's rate: the new length applies from this step on
         relay_schedule(scheduler, train_args, total_steps)
     best = BestWeights.load(plan.checkpoint, state.best_step, state.best_metrics) if plan.checkpoint else BestWeights()
-    evaluation = TextEvaluation(
-        eval_loader, plan.objective, tokenizer, prompts=data.prompts, sources=data.sources,
-        references=data.references, num_samples=train_args.num_sample_generations, seed=train_args.seed,
-        num_bytes=data.num_bytes, whole_split=plan.data_args.max_eval_samples is None and not plan.data_args.streaming,
-        rows=len(data.validation),
-        generation={"max_new_tokens": plan.data_args.max_target_length, "num_beams": train_args.generation_num_beams,
-                    "do_sample": False, "max_source_length": plan.data_args.max_source_length,
-                    "batch_size": train_args.per_device_eval_batch_size * 4},
-    )
-    settings = LoopSettings(
-        total_steps=total_steps, batches_per_epoch=batches_per_epoch, accumulation_steps=k,
-        logging_steps=train_args.logging_steps, eval_steps=every(train_args.eval_steps, total_steps),
-        checkpointing_steps=every(train_args.checkpointing_steps, total_steps),
-        save_total_limit=train_args.save_total_limit,
-        max_grad_norm=train_args.max_grad_norm or None, show_progress=not train_args.disable_tqdm,
-        max_seconds=budget.cap_seconds if budget is not None else None,
-        late_dropout=late_dropout_plan(train_args, plan.config, batches_per_epoch, k),
-        calibrate=train_args.calibrate_temperature,
-    )
+    evaluation = build_evaluation(plan, data, tokenizer, eval_loader)
+    settings = loop_settings(plan, total_steps, batches_per_epoch, budget)
     if budget is not None and settings.late_dropout is not None:  # the final plan prices the slower steps
         budget.slower_from = settings.late_dropout[0]
     stream = None
@@ -136,6 +119,40 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
         logger.warning(cut)
     start_trackers(plan, accelerator)
     return run, tokenizer, state
+
+
+def build_evaluation(plan: RunPlan, data: Any, tokenizer: PreTrainedTokenizerBase,
+                     eval_loader: DataLoader) -> TextEvaluation:
+    """What each evaluation measures: the validation loss (and bits per byte over the whole split, where it is
+    whole), and the sample generations the arguments ask for."""
+    train_args = plan.train_args
+    return TextEvaluation(
+        eval_loader, plan.objective, tokenizer, prompts=data.prompts, sources=data.sources,
+        references=data.references, num_samples=train_args.num_sample_generations, seed=train_args.seed,
+        num_bytes=data.num_bytes, whole_split=plan.data_args.max_eval_samples is None and not plan.data_args.streaming,
+        rows=len(data.validation),
+        generation={"max_new_tokens": plan.data_args.max_target_length, "num_beams": train_args.generation_num_beams,
+                    "do_sample": False, "max_source_length": plan.data_args.max_source_length,
+                    "batch_size": train_args.per_device_eval_batch_size * 4},
+    )
+
+
+def loop_settings(plan: RunPlan, total_steps: int, batches_per_epoch: int | None,
+                  budget: TimeBudget | None) -> LoopSettings:
+    """The loop's cadences and limits, from the arguments and the run's planned length (``budget``: the time
+    budget's plan, or None)."""
+    train_args = plan.train_args
+    k = train_args.gradient_accumulation_steps
+    return LoopSettings(
+        total_steps=total_steps, batches_per_epoch=batches_per_epoch, accumulation_steps=k,
+        logging_steps=train_args.logging_steps, eval_steps=every(train_args.eval_steps, total_steps),
+        checkpointing_steps=every(train_args.checkpointing_steps, total_steps),
+        save_total_limit=train_args.save_total_limit,
+        max_grad_norm=train_args.max_grad_norm or None, show_progress=not train_args.disable_tqdm,
+        max_seconds=budget.cap_seconds if budget is not None else None,
+        late_dropout=late_dropout_plan(train_args, plan.config, batches_per_epoch, k),
+        calibrate=train_args.calibrate_temperature,
+    )
 
 
 def choose_planned_shape(plan: RunPlan, tokenizer: PreTrainedTokenizerBase, accelerator: Accelerator,
