@@ -90,6 +90,7 @@ def write_file(path: Path, fill: Callable[[Path], Any]) -> Path:
     """``fill(tmp)`` writes a temporary sibling, which then replaces ``path`` in one rename; a symlink is written
     through (the file it names is replaced, the link stays), as a linked output folder is."""
     path = path.resolve() if path.is_symlink() else path
+    path.parent.mkdir(parents=True, exist_ok=True)  # a new folder named with the file, as check_output_file says
     tmp = partial_sibling(path)
     try:
         fill(tmp)

@@ -13,15 +13,10 @@ import torch
 
 from hf_minitx.tools.benchmark import run
 from hf_minitx.tools.benchmark.quality import (
-    CURVE_POINTS,
     NANOGPT,
     AveragedModels,
-    QualitySettings,
-    format_quality,
     nanogpt_lr,
     nanogpt_optimizer,
-    our_arguments,
-    plot_curves,
     reference_model,
     run_quality,
     score_bits,
@@ -29,6 +24,8 @@ from hf_minitx.tools.benchmark.quality import (
     train_reference,
     write_splits,
 )
+from hf_minitx.tools.benchmark.quality_report import format_quality, plot_curves
+from hf_minitx.tools.benchmark.quality_settings import CURVE_POINTS, QualitySettings, our_arguments
 from hf_minitx.training import shape_plan
 from hf_minitx.training.arguments import parse_training_args
 
@@ -113,7 +110,7 @@ class Seen(Exception):
 
 
 def test_the_command_passes_the_shared_shape(monkeypatch):
-    def stand_in(settings, log):
+    def stand_in(settings, log, work):
         raise Seen(settings)
 
     monkeypatch.setattr(run, "run_quality", stand_in)
@@ -124,7 +121,9 @@ def test_the_command_passes_the_shared_shape(monkeypatch):
 
 
 @pytest.mark.parametrize("settings, message", [
-    (QualitySettings(seconds=0), "--quality_seconds must be > 0"),
+    (QualitySettings(seconds=0), "--quality_seconds must be a finite number > 0"),
+    (QualitySettings(seconds=math.nan), "--quality_seconds must be a finite number > 0, got nan"),
+    (QualitySettings(seconds=math.inf), "--quality_seconds must be a finite number > 0, got inf"),
     (QualitySettings(hidden=30, heads=4), "divisible by heads"),
     (QualitySettings(threads=0), "--quality_threads must be >= 1"),
     (QualitySettings(ours_args="--no_such_flag 1"), "--quality_ours_args"),

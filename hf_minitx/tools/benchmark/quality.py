@@ -28,13 +28,13 @@ import copy
 import json
 import math
 import multiprocessing
-import os
-import shlex
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -42,82 +42,23 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...folders import write_file
 from ...training.phases import FOLDERS_KEPT, STUDENT_DIR, TEACHER_DIR, read_summary
+from .quality_settings import (
+    CURVE_POINTS,
+    QualitySettings,
+    claim_work_dir,
+    corpus_text,
+    our_arguments,
+    our_data_arguments,
+)
 
-QUALITY_CORPORA = ("builtin:kjv", "builtin:pydocs")
 SIDES = ("ours", "reference")
-SHAPE_OVERRIDES = "hidden_size={hidden},num_attention_heads={heads},num_hidden_layers={layers}"
 NANOGPT = {"batch": 12, "learning_rate": 1e-3, "betas": (0.9, 0.99), "weight_decay": 0.1, "max_grad_norm": 1.0,
            "warmup": 100, "decay_iters": 2000, "min_lr": 1e-4}  # nanoGPT's CPU (shakespeare_char) optimiser settings
-CURVE_POINTS = 10
-
-
-@dataclass(frozen=True)
-class QualitySettings:
-    """One quality comparison: the reference's shape, the budget, the threads, and what may change our side's recipe."""
-
-    seconds: float = 180.0
-    corpora: tuple[str, ...] = QUALITY_CORPORA
-    layers: int = 4
-    heads: int = 4
-    hidden: int = 128
-    threads: int | None = None  # None: every core, as users train
-    ours_args: str = ""  # extra `minitx train` arguments for our side, e.g. "--optimizer adamw"
-    shared_shape: bool = False  # our side at layers x hidden too, rather than the shape its budget plans
-    max_chars: int = 3_000_000  # of each corpus: tokenizer training and scoring stay short
-    curve_tokens: int = 16_384  # validation tokens the curve's snapshots are scored on
-    seed: int = 0
-
-    def check(self) -> None:
-        """Every setting that could fail, before any training."""
-        if self.seconds <= 0:
-            raise ValueError(f"--quality_seconds must be > 0, got {self.seconds}")
-        if self.hidden % self.heads:
-            raise ValueError(f"quality: hidden ({self.hidden}) must be divisible by heads ({self.heads})")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"--quality_threads must be >= 1, got {self.threads}")
-        our_arguments(self, Path("data"), Path("tokenizer"), Path("out"))
-
-    @property
-    def num_threads(self) -> int:
-        return self.threads or os.cpu_count() or 1
-
-
-def our_arguments(settings: QualitySettings, data: Path, tokenizer: Path, out: Path) -> list[str]:
-    """The `minitx train` arguments of our side (checked: unknown or bad --quality_ours_args fail here)."""
-    from ...training.arguments import parse_training_args
-
-    shape = ["--config_overrides", SHAPE_OVERRIDES.format(**asdict(settings))] if settings.shared_shape else []
-    args = ["--task", "causal-lm", "--dataset", str(data), "--tokenizer", str(tokenizer), *shape, "--keep_phases",
-            "--max_minutes", f"{settings.seconds / 60:.6g}", "--num_threads", str(settings.num_threads),
-            "--eval_steps", "0", "--checkpointing_steps", str(1 / CURVE_POINTS), "--save_total_limit",
-            str(CURVE_POINTS + 1), "--disable_tqdm", "--output_dir", str(out), *shlex.split(settings.ours_args)]
-    try:
-        parse_training_args(args)
-    except (ValueError, SystemExit) as err:
-        raise ValueError(f"--quality_ours_args {settings.ours_args!r}: {err}; give minitx train arguments") from None
-    return args
-
-
-def our_data_arguments(settings: QualitySettings) -> Any:
-    """Our side's data arguments: its block size and tokenizer vocabulary, which both sides share."""
-    from ...training.arguments import parse_training_args
-
-    return parse_training_args(our_arguments(settings, Path("data"), Path("tokenizer"), Path("out")))[1]
 
 
 # --- data and the scorer ---------------------------------------------------------------------------
-
-
-def corpus_text(corpus: str, max_chars: int) -> str:
-    """The text of a builtin corpus (its rows joined by blank lines) or of a text file, cut at ``max_chars``."""
-    if corpus.startswith("builtin:"):
-        from ...data.builtin import load_builtin
-
-        text = "\n\n".join(row["text"] for row in load_builtin(corpus.removeprefix("builtin:")))
-    else:
-        text = Path(corpus).read_text(encoding="utf-8")
-    return text[:max_chars]
 
 
 def write_splits(text: str, folder: Path) -> tuple[str, str]:
@@ -158,9 +99,23 @@ def run_ours(settings: QualitySettings, data: Path, tokenizer: Path, out: Path) 
     command = [sys.executable, "-m", "hf_minitx", "train", *our_arguments(settings, data, tokenizer, out)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
-        raise RuntimeError(f"our side's `minitx train` failed ({done.returncode}):\n{tail}")
+        raise ValueError(child_error("our side's `minitx train`", done))
     return json.loads((out / "training_summary.json").read_text())
+
+
+def child_error(what: str, done: subprocess.CompletedProcess) -> str:
+    """One line for a step of the comparison that failed: the child's own ``error:`` line (its advice to resume
+    cut: the comparison's runs are its own, and it measures a run whole), and what to change."""
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    said = next((line.removeprefix("error: ") for line in reversed(lines) if line.startswith("error: ")),
+                " | ".join(line.strip() for line in lines[-3:]) or "no output")  # a crash: the end of its traceback
+    fix = ""
+    if "ran out after" in said:  # the budget was too short to plan the run: its advice is for a run of one's own
+        shortest = re.search(r"--max_minutes ([0-9.]+) \(the probe", said)
+        said = said.split("; ", 1)[0]
+        fix = (f"give --quality_seconds {math.ceil(float(shortest.group(1)) * 60)} or more" if shortest else
+               "give a longer --quality_seconds")
+    return f"{what} failed (exit {done.returncode}): {said}" + (f"; {fix}" if fix else "")
 
 
 def nanogpt_lr(iteration: int, decay_iters: int) -> float:
@@ -356,19 +311,32 @@ def load_average() -> list[float]:
 
 
 def run_corpus(settings: QualitySettings, corpus: str, work: Path, first: str, log=print) -> dict[str, Any]:
-    """Both sides on one corpus, ``first`` going first; the ratio ours / reference."""
+    """Both sides on one corpus, ``first`` going first; the ratio ours / reference. A side whose figures an
+    interrupted comparison kept in ``work`` is not measured again; a side it did not finish starts again."""
     data_args = our_data_arguments(settings)
-    train_text, validation_text = write_splits(corpus_text(corpus, settings.max_chars), work / "data")
+    text = corpus_text(corpus, settings.max_chars)
+    check_kept_text(work, corpus, text)
+    train_text, validation_text = write_splits(text, work / "data")
     tokenizer_dir = work / "tokenizer"
-    subprocess.run([sys.executable, "-m", "hf_minitx", "train-tokenizer", "--dataset", str(work / "data"),
-                    "--vocab_size", str(data_args.tokenizer_vocab_size), "--output_dir", str(tokenizer_dir)],
-                   check=True, capture_output=True)
+    if not (tokenizer_dir / "tokenizer.json").is_file():
+        shutil.rmtree(tokenizer_dir, ignore_errors=True)
+        done = subprocess.run([sys.executable, "-m", "hf_minitx", "train-tokenizer", "--dataset", str(work / "data"),
+                               "--vocab_size", str(data_args.tokenizer_vocab_size), "--output_dir", str(tokenizer_dir)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise ValueError(child_error(f"the shared tokenizer of {corpus} (`minitx train-tokenizer`)", done))
     block = data_args.block_size
     result: dict[str, Any] = {"first": first, "validation_bytes": len(validation_text.encode("utf-8"))}
     for side in (SIDES if first == "ours" else SIDES[::-1]):
+        kept = work / f"{side}.json"
+        if kept.is_file():
+            log(f"[quality] {corpus}: {side}, measured by the interrupted comparison, kept")
+            result[side] = json.loads(kept.read_text())
+            continue
         log(f"[quality] {corpus}: {side}, {settings.seconds:g} s on {settings.num_threads} threads ...")
         load = load_average()
         if side == "ours":
+            shutil.rmtree(work / "ours", ignore_errors=True)  # a run an interruption cut short: measured anew
             summary = run_ours(settings, work / "data", tokenizer_dir, work / "ours")
             result["ours"] = {**score_ours(settings, work / "ours", validation_text, summary), "load_average": load}
         else:
@@ -376,74 +344,36 @@ def run_corpus(settings: QualitySettings, corpus: str, work: Path, first: str, l
                 figures = pool.apply(reference_side, ((settings, str(tokenizer_dir), train_text, validation_text,
                                                        block),))
             result["reference"] = {**figures, "load_average": load}
+        write_file(kept, lambda tmp, side=side: tmp.write_text(json.dumps(result[side])))
     result["ratio"] = result["ours"]["bits_per_byte"] / result["reference"]["bits_per_byte"]
     if "phases" in result["ours"]:  # a run in two phases: the averaged pair's ratio beside the kept model's
         result["pair_ratio"] = result["ours"]["phases"]["averaged_pair"] / result["reference"]["bits_per_byte"]
     return result
 
 
+def check_kept_text(work: Path, corpus: str, text: str) -> None:
+    """Figures an interrupted comparison kept in ``work`` belong to the text it cut: a corpus edited since
+    cannot finish that comparison."""
+    if not any((work / f"{side}.json").is_file() for side in SIDES):
+        return
+    kept = "".join((work / "data" / name).read_text(encoding="utf-8") for name in ("train.txt", "validation.txt"))
+    if kept != text:
+        raise ValueError(f"--quality_corpora {corpus} changed since the interrupted comparison in {work.parent} "
+                         "measured it; give another --quality_work_dir to measure the new text")
+
+
 def run_quality(settings: QualitySettings, log=print, work: Path | None = None) -> dict[str, Any]:
-    """Every corpus, the first side alternating; the results as a JSON-ready dict."""
+    """Every corpus, the first side alternating; the results as a JSON-ready dict. In ``work``
+    (--quality_work_dir) each finished side's figures are kept, so that the same command after an interruption
+    measures only the rest; without it, a temporary folder that goes with the run."""
     settings.check()
     results: dict[str, Any] = {"settings": {**asdict(settings), "num_threads": settings.num_threads}, "corpora": {}}
     with tempfile.TemporaryDirectory(prefix="minitx-quality-") as scratch:
+        if work is not None:
+            claim_work_dir(work, settings)
         for index, corpus in enumerate(settings.corpora):
             folder = (work or Path(scratch)) / f"corpus{index}"
             results["corpora"][corpus] = run_corpus(settings, corpus, folder, SIDES[index % 2], log=log)
     return results
 
-
-def format_quality(quality: dict[str, Any]) -> str:
-    """Markdown: per corpus, the wall time, both sides' bits/byte, steps and tokens/s, and the ratio ours /
-    reference."""
-    seconds = quality["settings"]["seconds"]
-    lines = ["| corpus | seconds per side | GPT-2, nanoGPT recipe: bits/byte | steps | tokens/s | hf_minitx, `minitx "
-             "train --max_minutes`: bits/byte | steps | tokens/s | ratio (lower is better) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for corpus, figures in quality["corpora"].items():
-        cells = [f"{_figure(side, 'bits_per_byte', 3)} | {side.get('steps', '-')} | "
-                 f"{_figure(side, 'tokens_per_second', 0)}" for side in (figures["reference"], figures["ours"])]
-        lines.append(f"| `{corpus}` | {seconds:g} | {cells[0]} | {cells[1]} | {figures['ratio']:.3f}x |")
-    pairs = {corpus: figures for corpus, figures in quality["corpora"].items() if "pair_ratio" in figures}
-    if pairs:
-        lines += ["", "Runs in two phases (a teacher, then a student learning from it; the kept model is in the table "
-                  "above; the averaged pair is two models at inference, not what users take home):", "",
-                  "| corpus | passes of one model | steps: teacher + student | teacher: bits/byte | student | kept | "
-                  "the pair averaged | ratio of the pair |", "|---|---:|---:|---:|---:|---|---:|---:|"]
-        for corpus, figures in pairs.items():
-            split = figures["ours"]["phases"]
-            steps = " + ".join(str(split.get("steps", {}).get(name, "-")) for name in ("teacher", "student"))
-            lines.append(f"| `{corpus}` | {_figure(split, 'passes_of_one_model', 1)} | {steps} | "
-                         f"{split['teacher']:.3f} | {split['student']:.3f} | {split['model_kept']} | "
-                         f"{split['averaged_pair']:.3f} | "
-                         f"{figures['pair_ratio']:.3f}x |")
-    return "\n".join(lines)
-
-
-def _figure(values: dict[str, Any], key: str, digits: int) -> str:
-    value = values.get(key)
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def plot_curves(result: dict[str, Any], path: Path) -> Path:
-    """Validation bits per byte against training seconds, both sides, one panel per corpus."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    corpora = result["corpora"]
-    fig, axes = plt.subplots(1, len(corpora), figsize=(5.5 * len(corpora), 4), squeeze=False)
-    for ax, (corpus, figures) in zip(axes[0], corpora.items(), strict=True):
-        for side, label in (("reference", "GPT-2, nanoGPT recipe"), ("ours", "hf_minitx, minitx train")):
-            points = figures[side]["curve"]
-            ax.plot([p["seconds"] for p in points], [p["bits_per_byte"] for p in points], marker="o", label=label)
-        ax.set(title=f"{corpus}: ratio {figures['ratio']:.3f}", xlabel="training seconds",
-               ylabel="validation bits/byte (first tokens)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 

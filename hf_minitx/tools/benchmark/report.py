@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .data_prep import format_data_prep
-from .quality import format_quality
+from .quality_report import format_quality
 from .speed import format_table
 
 RESULTS_FOLDER = "docs/benchmark"  # the committed benchmark JSON files the docs are rendered from

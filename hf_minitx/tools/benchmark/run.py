@@ -28,13 +28,16 @@ from pathlib import Path
 
 import torch
 
+from ...cli import EXIT_INTERRUPTED, Interrupted
 from ...device import pick_device
 from ...folders import WRITTEN_BY, check_output_file, write_file
 from .data_prep import format_data_prep, run_data_prep
 from .memory import measure_memory
 from .mfu import measure_mfu
 from .models import QUICK_SHAPE, BenchmarkShape
-from .quality import QUALITY_CORPORA, QualitySettings, format_quality, plot_curves, run_quality
+from .quality import run_quality
+from .quality_report import format_quality, plot_curves
+from .quality_settings import MIN_CORPUS_CHARS, QUALITY_CORPORA, QualitySettings, check_work_dir
 from .speed import WORKLOADS, format_table, run_workload
 
 
@@ -106,7 +109,9 @@ def _shape_help(name: str, text: str) -> dict:
 class BenchmarkArguments:
     """`minitx benchmark`: the shape (default: the reference shape, or --quick) and how to measure."""
 
-    quick: bool = field(default=False, metadata={"help": "small shape and 3 rounds: under 2 minutes on 2 cores"})
+    quick: bool = field(default=False, metadata={
+        "help": "small shape, 3 rounds, 8 MB of data preparation and 30 s of training per quality side (with "
+                "--no_quality: under 2 minutes on 2 cores)"})
     vocab_size: int | None = field(default=None, metadata=_shape_help("vocab_size", "vocabulary size"))
     context: int | None = field(default=None, metadata=_shape_help("context", "training sequence length"))
     layers: int | None = field(default=None, metadata=_shape_help(
@@ -149,7 +154,11 @@ class BenchmarkArguments:
     quality_plot: str | None = field(default=None, metadata={
         "help": "quality: draw validation bits/byte against training seconds of both sides into this PNG"})
     quality_corpora: list[str] = field(default_factory=lambda: list(QUALITY_CORPORA), metadata={
-        "help": "quality: the corpora (any minitx train --dataset)"})
+        "help": "quality: the corpora, each builtin:kjv, builtin:pydocs or one UTF-8 .txt file of at least "
+                f"{MIN_CORPUS_CHARS:,} characters (the comparison cuts its own 90/10 split)"})
+    quality_work_dir: str | None = field(default=None, metadata={
+        "help": "quality: keep each side's figures here as it finishes, so that the same command after an "
+                "interruption measures only the rest (default: a temporary folder, deleted)"})
     quality_shared_shape: bool = field(default=False, metadata={
         "help": "quality: train our side at the reference's width and depth (4 x 128) rather than the shape its "
                 "budget plans, as users get it"})
@@ -157,7 +166,8 @@ class BenchmarkArguments:
         "help": "quality: minitx train arguments that change our side's recipe, e.g. '--optimizer adamw'"})
     json: str | None = field(default=None, metadata={"help": "write every figure and the machine description here"})
     overwrite: bool = field(default=False, metadata={
-        "help": "replace an existing --json file that minitx did not write (its own are replaced anyway)"})
+        "help": "replace an existing --json or --quality_plot file that minitx did not write (its own are "
+                "replaced anyway)"})
 
 
 def _expand_files(spec: str | None) -> list[str] | None:
@@ -201,15 +211,25 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.data_prep_block_size < 2 or args.data_prep_rounds < 1:
         raise ValueError("--data_prep_block_size must be >= 2 and --data_prep_rounds >= 1")
     data_prep_files = _expand_files(args.data_prep_files)
-    quality = QualitySettings(seconds=args.quality_seconds or (30.0 if args.quick else 180.0),
+    seconds = args.quality_seconds if args.quality_seconds is not None else 30.0 if args.quick else 180.0
+    quality = QualitySettings(seconds=seconds,
                               corpora=tuple(args.quality_corpora), threads=args.quality_threads,
                               ours_args=args.quality_ours_args, shared_shape=args.quality_shared_shape)
     if not (args.no_quality or args.data_prep_only):
         quality.check()
+        if args.quality_plot:
+            from ...training.curves import check_png_path, written_by_us
+
+            check_png_path(args.quality_plot)
+            check_output_file(args.quality_plot, overwrite=args.overwrite, option="--quality_plot",
+                              is_ours=written_by_us)
+        if args.quality_work_dir:
+            check_work_dir(Path(args.quality_work_dir).expanduser(), quality)
     rounds = args.rounds or (3 if args.quick else 5)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     if args.quality_only or args.data_prep_only:
-        result = {"machine": machine_description(args.threads, args.device)}
+        threads = quality.num_threads if args.quality_only else args.threads
+        result = {"machine": machine_description(threads, args.device)}
     else:
         result = run_benchmark(shape, rounds=rounds, repeats=args.repeats, warmup=args.warmup, threads=args.threads,
                                device=args.device, workloads=tuple(args.workloads), memory=not args.no_memory,
@@ -219,9 +239,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             megabytes=args.data_prep_mb or (8 if args.quick else 100), files=data_prep_files,
             block_size=args.data_prep_block_size, rounds=args.data_prep_rounds, log=log)
     if not (args.no_quality or args.data_prep_only):
-        result["quality"] = run_quality(quality, log=log)
-        if args.quality_plot:
-            result["quality"]["plot"] = str(plot_curves(result["quality"], Path(args.quality_plot)))
+        result["quality"] = measure_quality(quality, args.quality_work_dir, log)
     result["command"] = "minitx benchmark " + " ".join(argv if argv is not None else sys.argv[1:])
     if "workloads" in result:
         print(format_table(result))
@@ -229,10 +247,24 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print("\n" + format_quality(result["quality"]))
     if "data_preparation" in result:
         print("\n" + format_data_prep(result["data_preparation"]))
+    if args.quality_plot and "quality" in result:
+        result["quality"]["plot"] = str(plot_curves(result["quality"], Path(args.quality_plot)))
     if args.json:
         result["written_by"] = WRITTEN_BY
         write_file(Path(args.json), lambda tmp: tmp.write_text(json.dumps(result, indent=2)))
     return result
+
+
+def measure_quality(settings: QualitySettings, work_dir: str | None, log: Callable[[str], None]) -> dict:
+    """The quality section; an interruption says what it kept (a --quality_work_dir's finished sides) or lost."""
+    work = Path(work_dir).expanduser() if work_dir else None
+    try:
+        return run_quality(settings, log=log, work=work)
+    except KeyboardInterrupt:
+        kept = (f"the sides measured so far are kept in {work}: the same command measures only the rest" if work
+                else "the sides measured so far are lost: give --quality_work_dir DIR to keep them across an "
+                     "interruption")
+        raise Interrupted(f"interrupted: {kept}", EXIT_INTERRUPTED) from None
 
 
 def _written_by_us(path: Path) -> bool:
