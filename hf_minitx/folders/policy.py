@@ -40,13 +40,14 @@ def output_folder(path: str | Path, *, command: str, option: str = "--output_dir
 def check_output_folder(
     path: str | Path, *, flag: str | None, overwrite: bool, option: str = "--output_dir",
     inputs: Iterable[tuple[str, str | Path]] = (), command: str | None = None, any_flag: str | None = None,
-    overwrite_any: bool = False,
+    overwrite_any: bool = False, resume_flag: str | None = None,
 ) -> Path:
     """Refuse a file, a folder another live process writes, a folder inside an input or holding one, or a
     non-empty folder without ``overwrite`` (``flag`` names the option that replaces; None: nothing may
     replace it). With ``overwrite``, only a folder a minitx command made is replaced (``command``: only
     one that command made), unless ``overwrite_any`` (``any_flag`` names that option). ``inputs`` are
-    the (option, path) pairs the command reads. Nothing is written; returns the resolved folder."""
+    the (option, path) pairs the command reads; ``resume_flag`` names how to continue a run the folder holds
+    (offered where a run of this command is there). Nothing is written; returns the resolved folder."""
     folder = output_path(path, option=option)
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"{option} {folder} is a file, not a folder; give a folder path")
@@ -57,7 +58,7 @@ def check_output_folder(
     if folder.is_dir() and describe_contents(folder):
         check_inputs_outside(folder, inputs, option=option)
         if not overwrite:
-            remedy = _replace_remedy(folder, flag, option, command, any_flag)
+            remedy = _replace_remedy(folder, flag, option, command, any_flag, resume_flag)
             raise FolderRefused(f"{option} {folder} already exists and is not empty: {_what_it_holds(folder)} "
                                 f"({describe_contents(folder)}). {remedy}")
         check_replaceable(folder, option=option, command=command, any_flag=any_flag, overwrite_any=overwrite_any)
@@ -86,8 +87,10 @@ def _flag_refusal(folder: Path, command: str | None) -> tuple[str, dict[str, Any
     return None
 
 
-def _replace_remedy(folder: Path, flag: str | None, option: str, command: str | None, any_flag: str | None) -> str:
-    """How to get past a non-empty output folder: the replace flag only where it would work."""
+def _replace_remedy(folder: Path, flag: str | None, option: str, command: str | None, any_flag: str | None,
+                    resume_flag: str | None = None) -> str:
+    """How to get past a non-empty output folder: the replace flag only where it would work, the resume flag
+    only where a run of this command is there to continue."""
     if flag is None:
         return f"Choose a new or empty {option}."
     refusal = _flag_refusal(folder, command)
@@ -97,7 +100,8 @@ def _replace_remedy(folder: Path, flag: str | None, option: str, command: str | 
     if refusal is not None:
         return (f"It holds a run of `minitx {refusal[1].get('command')}`, which {flag} would not replace: choose "
                 f"another {option}.")
-    return f"Pass {flag} to replace it, or choose another {option}."
+    resume = f" (or {resume_flag} to continue its run)" if resume_flag and holds_run_files(folder) else ""
+    return f"Pass {flag} to replace it{resume}, or choose another {option}."
 
 
 def check_replaceable(folder: Path, *, option: str, command: str | None, any_flag: str | None,

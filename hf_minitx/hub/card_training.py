@@ -11,7 +11,7 @@ def human(count: float, unit: str = "") -> str:
     for threshold, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
         if count >= threshold:
             return f"{count / threshold:.1f}{suffix}{unit}"
-    return f"{count:g}{unit}"
+    return f"{count:.4g}{unit}"  # 333.283 -> '333.3', as the larger counts keep one decimal
 
 
 def duration(seconds: float) -> str:
@@ -47,7 +47,8 @@ def training_rows(summary: dict) -> list[tuple[str, str]]:
     if summary.get("train_seconds") is not None:
         rows.append(("Training time", duration(float(summary["train_seconds"])) + both))
         if summary.get("tokens_seen"):
-            rate = summary["tokens_seen"] / max(float(summary["train_seconds"]), 1e-9)
+            rate = summary.get("tokens_per_second") or summary["tokens_seen"] / max(float(summary["train_seconds"]),
+                                                                                    1e-9)
             rows.append(("Throughput", f"{human(rate)} tokens/s"))
     rows += _budget_rows(summary)
     if summary.get("hardware"):
@@ -118,8 +119,9 @@ def _budget_rows(summary: dict) -> list[tuple[str, str]]:
             if not budget.get("planned_for_minutes") and not math.isclose(budget["budget_minutes"], share,
                                                                          rel_tol=1e-3):
                 minutes += f" ({budget['budget_minutes']:g} min given to a resume)"
-        rows.append(("Time budget", f"{minutes}: {budget['planned_steps']:,} steps "
-                     f"planned{planned_for} after a {budget['probe_steps']}-step timed probe; "
+        how = (f"after a {budget['probe_steps']}-step timed probe" if budget.get("seconds_per_step") is not None
+               else f"without a timed probe (no more than its {budget['probe_steps']} steps were asked)")
+        rows.append(("Time budget", f"{minutes}: {budget['planned_steps']:,} steps planned{planned_for} {how}; "
                      f"{budget['steps_run']:,} ran ({ended})"))
     if summary.get("epochs") is not None:
         whose = f" (the {phase}'s)" if phase else ""

@@ -20,11 +20,12 @@ stop signals in ``signals.py``, the run's length and time-budget plan in ``run_l
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -357,7 +358,8 @@ def log_train(run: TrainingRun, state: RunState, interval: Interval, learning_ra
 def validate(run: TrainingRun, state: RunState, **record: Any) -> dict[str, float]:
     """Run the evaluation, keep its samples in the state, write an eval record (with ``record``'s fields
     beside the metrics); returns the metrics."""
-    metrics, state.last_samples = run.evaluation(run.model, run.accelerator)
+    with training_stream_kept(run.accelerator.device):  # how often a run evaluates changes no dropout mask
+        metrics, state.last_samples = run.evaluation(run.model, run.accelerator)
     run.model.train()
     if run.best is not None and not record:  # a record's evaluation (the temperature's) is of weights already kept
         if run.best.beaten_by(metrics):  # the same on every process: the metrics are reduced
@@ -373,6 +375,14 @@ def validate(run: TrainingRun, state: RunState, **record: Any) -> dict[str, floa
             tqdm.write(f"  {sample['prompt']!r} -> {sample['output']!r}")
     run.accelerator.log(metrics, step=state.step)
     return metrics
+
+
+def training_stream_kept(device: torch.device) -> contextlib.AbstractContextManager:
+    """The random state of ``device`` (and the CPU's) restored on exit: an evaluation draws from it (each pass over
+    a DataLoader takes a seed), and the training steps draw their dropout masks from the same stream."""
+    if device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else None, device_type=device.type)
 
 
 def calibrate_temperature(run: TrainingRun, state: RunState, outcome: FitOutcome) -> None:
@@ -417,8 +427,13 @@ def fix_plan(run: TrainingRun, state: RunState, probe: Probe, elapsed: float,
         evaluated_at, eval_seconds = state.step, accelerator.reduce(spent, "mean").item()
         if made_here:
             elapsed += eval_seconds
-    lay_plan(run, state, budget.steps_that_fit(state.step, elapsed, step_seconds, eval_seconds), step_seconds,
-             eval_seconds)
+    fitting = budget.steps_that_fit(state.step, elapsed, step_seconds, eval_seconds)
+    if budget.planned_steps is None and fitting <= state.step and fitting != budget.step_cap:
+        # the probe spent the budget: no step is left to decay in, so no plan is laid and the clock stops the
+        # run at once, as one that ran out inside its probe (refuse_unplanned_budget: a checkpoint to resume)
+        run.settings = replace(run.settings, max_seconds=0.0)
+        return None, evaluated_at
+    lay_plan(run, state, fitting, step_seconds, eval_seconds)
     return (None if budget.final else budget.second_window(state.step)), evaluated_at
 
 

@@ -196,6 +196,7 @@ def promote(output_dir: Path, record: dict[str, Any], keep: bool = False) -> Non
     summary.pop("distilled_from", None)  # the teacher's folder is removed (or kept): its digest is in the record
     for name in ("train_seconds", "tokens_seen"):  # the run's: both phases' (the kept model's are in its record)
         summary[name] = round(teacher.get(name, 0) + student.get(name, 0), 2)
+    summary["tokens_per_second"] = round(summary["tokens_seen"] / max(summary["train_seconds"], 1e-9), 1)
     write_file(output_dir / SUMMARY_FILE, lambda tmp: tmp.write_text(json.dumps(summary, indent=2)))
     write_card(output_dir)
 

@@ -110,9 +110,10 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     )
     inputs = run_inputs(model_args, data_args, train_args)  # a missing dataset file is named here
     if train_args.resume_from_checkpoint is None:
-        check_output_folder(plan.output_dir, flag="--overwrite_output_dir (or --resume_from_checkpoint latest to "
-                            "continue a run)", overwrite=train_args.overwrite_output_dir, inputs=inputs,
-                            any_flag="--overwrite_any_folder", overwrite_any=train_args.overwrite_any_folder)
+        check_output_folder(plan.output_dir, flag="--overwrite_output_dir", overwrite=train_args.overwrite_output_dir,
+                            inputs=inputs, any_flag="--overwrite_any_folder",
+                            overwrite_any=train_args.overwrite_any_folder,
+                            resume_flag="--resume_from_checkpoint latest")
         if data_args.tokenizer:  # before the corpus is read (a resumed run's tokenizer is checked as an input)
             check_training_tokenizer(data_args.tokenizer)
         default_eval_steps(train_args)

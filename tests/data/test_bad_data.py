@@ -70,6 +70,18 @@ def test_streaming_a_corpus_too_small_to_carve_says_why(tmp_path):
         load_corpus(str(corpus), streaming=True)
 
 
+@pytest.mark.parametrize("emptied", [["validation.txt"], ["train.txt", "validation.txt"]])
+def test_an_empty_split_file_is_named_with_what_to_do(tmp_path, emptied):
+    folder = tmp_path / "splits"
+    folder.mkdir()
+    for name in ("train.txt", "validation.txt"):
+        (folder / name).write_text("" if name in emptied else "some text\n" * 20)
+    named = ", ".join(str(folder / name) for name in emptied)
+    with pytest.raises(ValueError, match=rf"{named} (is|are) empty; give each split some text, or leave an empty "
+                                         "validation file out"):
+        load_corpus(str(folder))
+
+
 def test_folder_of_mixed_file_types_is_refused_not_half_read(tmp_path):
     folder = tmp_path / "mixed"
     folder.mkdir()

@@ -230,3 +230,21 @@ def test_card_says_what_temperature_was_folded_into_the_weights(causal_copy):
             "tokens, loss 3.3215 → 3.3010 |") in render_model_card(causal_copy)
     write_records(causal_copy, "causal-lm", CAUSAL_METRICS, calibration={**fitted, "logit_scale": 1.0})
     assert "| Temperature |" not in render_model_card(causal_copy)  # fitted, but not worth folding in
+
+
+def test_the_budget_row_says_whether_a_probe_timed_the_plan_and_the_rate_is_the_recorded_one():
+    from hf_minitx.hub.card_training import training_rows
+
+    budget = {"budget_minutes": 0.3, "planned_steps": 290, "probe_steps": 20, "steps_run": 290, "ended_by": "plan",
+              "seconds_per_step": 0.06}
+    summary = {"time_budget": budget, "steps": 290, "tokens_seen": 5999, "train_seconds": 18.0,
+               "tokens_per_second": 333.4}
+    rows = dict(training_rows(summary))
+    assert rows["Time budget"] == "0.3 min: 290 steps planned after a 20-step timed probe; 290 ran (the plan ran to " \
+                                  "its end)"
+    assert rows["Throughput"] == "333.4 tokens/s"  # the summary's figure, not one from the rounded seconds
+    short = {**budget, "planned_steps": 10, "steps_run": 10, "seconds_per_step": None}  # --max_steps 10: no probe
+    assert dict(training_rows({**summary, "time_budget": short}))["Time budget"] == (
+        "0.3 min: 10 steps planned without a timed probe (no more than its 20 steps were asked); 10 ran (the plan "
+        "ran to its end)")
+

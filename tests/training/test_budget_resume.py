@@ -168,6 +168,19 @@ def test_a_budget_shorter_than_a_step_saves_no_model_and_resumes_with_the_budget
     assert plan["ended_by"] == "plan" and plan["steps_run"] == plan["planned_steps"]
 
 
+def test_a_budget_the_probe_spends_is_refused_as_one_that_ran_out_inside_it(text_file, tmp_path, monkeypatch):  # noqa: F811
+    """The probe's timing may leave no step after it (a plan of exactly the steps made): the model never decayed
+    (its steps ran the provisional warmup), so it is refused like a budget that ran out inside the probe."""
+    from hf_minitx.training.budget import TimeBudget
+
+    monkeypatch.setattr(TimeBudget, "steps_that_fit", lambda self, done, *args: done)
+    out = tmp_path / "spent"
+    with pytest.raises(ValueError, match=r"ran out after 20 step\(s\) of about .* inside the 20-step timing probe"):
+        loop.main(causal_args(text_file, out, "--max_minutes", "0.5"))
+    assert (out / "checkpoint-20").is_dir() and not (out / "model.safetensors").exists()
+    assert not (out / "training_summary.json").exists()
+
+
 def test_a_validation_split_too_small_to_choose_by_keeps_the_last_weights_and_says_so(caplog):
     import torch
     from conftest import tiny_causal

@@ -144,6 +144,8 @@ def test_a_budget_past_the_passes_of_one_model_trains_a_teacher_then_a_student(s
     # the run's training time is both phases' (what a comparison at equal wall time must give the other side)
     both = split["teacher"]["train_seconds"] + split["student"]["train_seconds"]
     assert summary_of(out)["train_seconds"] == round(both, 2)
+    run = summary_of(out)  # and its rate is the one of both phases' tokens over both phases' time
+    assert run["tokens_per_second"] == round(run["tokens_seen"] / run["train_seconds"], 1)
 
 
 def test_the_folder_is_one_ordinary_model(straight):

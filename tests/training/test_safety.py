@@ -147,7 +147,9 @@ def test_train_refuses_a_folder_of_user_files(tmp_path, text_file, capsys):  # n
     assert minitx(["train", *causal_args(text_file, folder, "--max_steps", "1")]) == 2
     err = capsys.readouterr().err
     assert "holds files this command did not make" in err and "tokenizer.json" in err
-    assert "--overwrite_output_dir" in err
+    assert ("not made by minitx, so --overwrite_output_dir alone would not replace it: pass --overwrite_output_dir "
+            "--overwrite_any_folder to replace it anyway, or choose another --output_dir") in err
+    assert "resume" not in err  # no run of ours is there to continue
     assert snapshot(folder) == before
 
 

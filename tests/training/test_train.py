@@ -294,6 +294,16 @@ def test_late_dropout_starts_at_its_planned_pass_and_a_killed_run_resumes_throug
     assert "late_dropout" not in json.loads((plain / "training_summary.json").read_text())["recipe"]
 
 
+def test_how_often_a_run_evaluates_changes_no_dropout_mask(text_file, tmp_path):
+    """An evaluation draws from the random stream (a pass over a DataLoader takes a seed) that the training
+    steps draw their dropout masks from: it is restored after each, so --eval_steps changes no weight."""
+    extra = ("--max_steps", "8", "--late_dropout", "0.3", "--late_dropout_passes", "0.01")
+    main(causal_args(text_file, tmp_path / "never", *extra))
+    main(causal_args(text_file, tmp_path / "often", *extra, "--eval_steps", "2"))
+    assert len(records(tmp_path / "often", "eval")) >= len(records(tmp_path / "never", "eval")) + 3
+    assert_same_weights(tmp_path / "never", tmp_path / "often")
+
+
 def test_late_dropout_is_planned_in_passes_and_stays_off_where_it_does_not_apply():
     args = TrainArguments(late_dropout=0.1, late_dropout_passes=2.0)
     assert late_dropout_plan(args, MiniTxConfig(), batches_per_epoch=659, accumulation_steps=1) == (1318, 0.1)
@@ -439,7 +449,8 @@ def previous_run(tmp_path) -> Path:
 
 
 def test_output_dir_holding_another_run_is_refused(previous_run, text_file):
-    with pytest.raises(FileExistsError, match="already holds a run.*--overwrite_output_dir"):
+    with pytest.raises(FileExistsError, match=r"already holds a run.*Pass --overwrite_output_dir to replace it \(or "
+                       r"--resume_from_checkpoint latest to continue its run\), or choose another --output_dir"):
         main(causal_args(text_file, previous_run, "--max_steps", "1"))
     assert len((previous_run / "metrics.jsonl").read_text().splitlines()) == 1
 
