@@ -57,7 +57,10 @@ def training_rows(summary: dict) -> list[tuple[str, str]]:
         rows.append(("Processes", str(summary["num_processes"])))
     if summary.get("mixed_precision"):
         precision = str(summary["mixed_precision"])  # what the steps ran in, not what was asked
-        rows.append(("Mixed precision", "none (fp32)" if precision == "no" else precision))
+        text = "none (fp32)" if precision == "no" else precision
+        if summary.get("mixed_precision_asked"):
+            text += f"; {summary['mixed_precision_asked']} was asked, which the device does not run"
+        rows.append(("Mixed precision", text))
     if summary.get("seed") is not None:
         rows.append(("Seed", str(summary["seed"])))
     teacher = summary.get("distilled_from")

@@ -95,6 +95,8 @@ def run_summary(run: TrainingRun, state: RunState, outcome: FitOutcome) -> dict[
         **({"calibration": outcome.calibration} if outcome.calibration else {}),
         "hardware": describe_hardware(run.accelerator.device, run.accelerator.num_processes),
         "mixed_precision": effective_precision(run.accelerator), "num_processes": run.accelerator.num_processes,
+        **({"mixed_precision_asked": run.accelerator.mixed_precision}  # fp16 on a CPU: the steps ran in fp32
+           if effective_precision(run.accelerator) != run.accelerator.mixed_precision else {}),
         "final_metrics": outcome.final_metrics,
         "sample_generations": [{"prompt": s["prompt"], "output": s["output"]} for s in state.last_samples],
         "num_parameters": sum(p.numel() for p in model.parameters()),

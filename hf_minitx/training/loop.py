@@ -86,6 +86,22 @@ class Interval:
         self.tokens += label_tokens
         self.input_tokens += input_tokens
 
+    def saved(self) -> dict[str, float] | None:
+        """The window as a checkpoint keeps it (``RunState.log_window``); None when it is empty."""
+        if not self.tokens:
+            return None
+        return {"nats": self.nats, "tokens": self.tokens, "input_tokens": self.input_tokens,
+                "seconds": time.perf_counter() - self.start}
+
+    @classmethod
+    def resumed(cls, saved: dict[str, float] | None) -> Interval:
+        """The window a checkpoint kept, so that a resumed run's first record averages the steps a straight
+        run's does (its rate counts the seconds the steps took, not the restart)."""
+        if not saved:
+            return cls()
+        return cls(saved["nats"], int(saved["tokens"]), int(saved["input_tokens"]),
+                   time.perf_counter() - saved["seconds"])
+
 
 # --- train(): setup -> fit -> finish ---------------------------------------------------------------
 
@@ -156,7 +172,7 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
     progress = tqdm(total=None if unplanned else settings.total_steps, initial=state.step, unit="step",
                     desc=f"training {run.output_dir.name if run.output_dir else ''}".strip(),
                     disable=not (accelerator.is_local_main_process and settings.show_progress))
-    outcome, interval, evaluated_at = FitOutcome(), Interval(), -1
+    outcome, interval, evaluated_at = FitOutcome(), Interval.resumed(state.log_window), -1
     start, cpu_start = time.perf_counter() - state.train_seconds, time.process_time()
     untrained: dict[str, Any] | None = None
     probe = None if run.budget is None else Probe.window(run.budget, state.step)
@@ -189,6 +205,7 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
             if state.step % settings.logging_steps == 0 or state.step == settings.total_steps:
                 log_train(run, state, interval, learning_rate, progress)
                 interval = Interval()
+            state.log_window = interval.saved()  # what a checkpoint of this step keeps of the window
             evaluation_seconds = 0.0
             if settings.eval_steps and state.step % settings.eval_steps == 0:
                 evaluated_at, begin = state.step, time.perf_counter()

@@ -43,6 +43,7 @@ class RunState:
     plan_timing: dict[str, float | None] | None = None  # the budget (minutes) and timings the plan was made from
     best_step: int | None = None  # --load_best_model_at_end: the step of the best evaluation so far
     best_metrics: dict[str, float] | None = None
+    log_window: dict[str, float] | None = None  # the loss window since the last train record (``loop.Interval``)
 
     @classmethod
     def from_saved(cls, saved: dict[str, Any] | None) -> RunState:

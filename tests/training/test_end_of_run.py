@@ -580,8 +580,10 @@ def test_fp16_on_a_cpu_is_recorded_as_what_ran(tmp_path, text_file, capsys):  # 
     out = tmp_path / "run"
     train_main(causal_args(text_file, out, "--max_steps", "1", "--mixed_precision", "fp16"))
     assert "training runs in fp32" in capsys.readouterr().out
-    assert json.loads((out / "training_summary.json").read_text())["mixed_precision"] == "no"
-    assert "| Mixed precision | none (fp32) |" in (out / "README.md").read_text()
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert (summary["mixed_precision"], summary["mixed_precision_asked"]) == ("no", "fp16")  # ran, and asked
+    assert ("| Mixed precision | none (fp32); fp16 was asked, which the device does not run |"
+            in (out / "README.md").read_text())
 
 
 def test_bad_bytes_in_a_text_file_read_in_memory_are_named_or_replaced(tmp_path):

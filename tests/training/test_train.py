@@ -249,6 +249,28 @@ def test_resume_gives_the_same_weights_as_a_straight_run(text_file, tmp_path):
     assert [r["loss"] for r in records(straight, "train")] == [r["loss"] for r in records(resumed, "train")]
 
 
+def test_a_resume_inside_a_logging_window_writes_the_records_of_a_straight_run(text_file, tmp_path):
+    """A checkpoint at step 3 of a window logged at step 4: the resumed run's record averages steps 1 to 4 too."""
+    import shutil
+
+    from accelerate.state import AcceleratorState, GradientState
+
+    extra = ("--max_steps", "8", "--logging_steps", "4", "--checkpointing_steps", "3")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    main(causal_args(text_file, straight, *extra))
+    resumed.mkdir()
+    shutil.copytree(straight / "checkpoint-3", resumed / "checkpoint-3")
+    for name in ("tokenizer.json", "tokenizer_config.json", "metrics.jsonl"):
+        shutil.copy(straight / name, resumed / name)  # the resume drops the records past its checkpoint
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    main(causal_args(text_file, resumed, *extra, "--resume_from_checkpoint", "latest"))
+    same = ("step", "loss", "learning_rate", "tokens_seen")
+    expected = [{key: r[key] for key in same} for r in records(straight, "train")]
+    assert [r["step"] for r in expected] == [4, 8]
+    assert [{key: r[key] for key in same} for r in records(resumed, "train")] == expected
+
+
 @pytest.mark.slow
 def test_muon_and_wsd_kill_9_then_resume_gives_the_weights_of_an_uninterrupted_run(text_file, tmp_path):
     """Muon + AdamW (both states in the checkpoint) and the WSD schedule: SIGKILL after checkpoint-3, resume."""
