@@ -146,17 +146,41 @@ def test_a_second_writer_is_refused_naming_the_first_and_nothing_is_written(tmp_
 
 def test_the_lock_is_held_through_the_write_and_released_after(tmp_path):
     folder = tmp_path / "new" / "out"
+
+    def export(fresh: Path, text: str) -> None:  # as `minitx export` writes: the model, and whose folder it is
+        (fresh / "model.safetensors").write_text(text)
+        write_marker(fresh, command="export", run_id="qwen3")
+
     with output_folder(folder, command="export", flag="--overwrite", overwrite=False) as claimed:
-        write_folder(claimed, lambda fresh: (fresh / "model.safetensors").write_text("complete"))
+        write_folder(claimed, lambda fresh: export(fresh, "complete"))
         with pytest.raises(BlockingIOError):  # after the new folder took the old one's place: still held there
             with another_writer(folder / LOCK_FILE):
                 pass
         assert json.loads((folder / LOCK_FILE).read_text())["pid"] == os.getpid()
-    assert sorted(os.listdir(folder)) == ["model.safetensors"]  # the lock is gone with the writer
+    assert sorted(os.listdir(folder)) == sorted([RUN_MARKER, "model.safetensors"])  # the lock is gone with the writer
     with output_folder(folder, command="export", flag="--overwrite", overwrite=True) as claimed:
-        write_folder(claimed, lambda fresh: (fresh / "model.safetensors").write_text("replaced"))
-        assert sorted(os.listdir(folder)) == [LOCK_FILE, "model.safetensors"]
+        write_folder(claimed, lambda fresh: export(fresh, "replaced"))
+        assert sorted(os.listdir(folder)) == sorted([LOCK_FILE, RUN_MARKER, "model.safetensors"])
     assert (folder / "model.safetensors").read_text() == "replaced" and sorted(os.listdir(tmp_path / "new")) == ["out"]
+
+
+@pytest.mark.parametrize("command, flag", [("export", "--overwrite"), ("train", "--overwrite_output_dir")])
+def test_a_folder_of_weights_and_user_files_is_not_taken_for_a_run(tmp_path, command, flag):
+    """Weights alone are any model's (a Hub download, a user's copy): without a marker or a training run's
+    records, a replace flag refuses the folder; a run's records without a marker (a staged copy) are train's."""
+    folder = tmp_path / "downloaded"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors", "train.py"):
+        (folder / name).write_text("mine")
+    with pytest.raises(FolderRefused, match="was not made by minitx; replacing it would delete 3 entries"):
+        check_output_folder(folder, flag=flag, overwrite=True, command=command)
+    (folder / "training_summary.json").write_text("{}")
+    if command == "train":
+        check_output_folder(folder, flag=flag, overwrite=True, command=command)
+    else:
+        with pytest.raises(FolderRefused, match="holds a run of `minitx train`"):
+            check_output_folder(folder, flag=flag, overwrite=True, command=command)
+    assert sorted(os.listdir(folder)) == ["config.json", "model.safetensors", "train.py", "training_summary.json"]
 
 
 def test_a_write_that_fails_removes_the_folders_made_for_its_lock(tmp_path):

@@ -11,7 +11,8 @@ from typing import Any
 RUN_MARKER = ".minitx-run.json"
 LOCK_FILE = ".minitx-lock"  # held (flock) by the process writing the folder; JSON: pid, host, command
 PARTIAL_SUFFIX = ".partial"  # hidden siblings being written: `.NAME.partial-<pid>`
-RUN_FILES = ("metrics.jsonl", "training_summary.json", "model.safetensors")  # what any run folder holds
+# the records only a training run writes (weights alone are any model's: a Hub download holds them too)
+RUN_FILES = ("metrics.jsonl", "training_summary.json")
 
 
 class FolderRefused(FileExistsError, ValueError):
@@ -53,7 +54,7 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
 
 
 def holds_run_files(folder: Path) -> bool:
-    """Whether ``folder`` holds what a training run writes (a model, metrics, checkpoints)."""
+    """Whether ``folder`` holds what only a training run writes (its records, checkpoints)."""
     return any((folder / name).exists() for name in RUN_FILES) or any(folder.glob("checkpoint-*"))
 
 

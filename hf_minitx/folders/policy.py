@@ -82,7 +82,9 @@ def _flag_refusal(folder: Path, command: str | None) -> tuple[str, dict[str, Any
     made_by = read_marker(folder)
     if made_by is None and not holds_run_files(folder):
         return "foreign", made_by
-    if command is not None and made_by is not None and made_by.get("command") != command:
+    if made_by is None:  # a training run's records without a marker (a staged copy of a run, say): train's
+        made_by = {"command": "train"}
+    if command is not None and made_by.get("command") != command:
         return "other-command", made_by
     return None
 
