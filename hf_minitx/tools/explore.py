@@ -50,7 +50,7 @@ from ..models.positions_minitx import rope_inverse_frequencies
 from ..training.checkpoints import CHECKPOINT_PREFIX, MODEL_FILES, RUN_STATE_FILE, list_checkpoints
 from ..training.outputs import METRICS_FILE, SUMMARY_FILE, read_metrics
 from ..training.setup import build_model
-from .model_reading import encode_text, parameter_counts, special_names
+from .model_reading import encode_text, parameter_counts, special_names, token_text
 
 LENS_TOP = 3  # tokens kept per layer and position in the logit lens
 CURVE_POSITIONS = 128  # positions drawn in the positional-encoding curves
@@ -360,7 +360,7 @@ def vocabulary(ids: set[int], tokenizer: Any | None, config: Any) -> dict[str, s
     special = special_names(config)
     if tokenizer is None:
         return {str(i): special.get(i, str(i)) for i in sorted(ids)}
-    return {str(i): special.get(i) or tokenizer.decode([i]) for i in sorted(ids)}
+    return {str(i): special.get(i) or token_text(i, tokenizer) for i in sorted(ids)}
 
 
 def _ids_shown(inputs: Inputs, views: Sequence[dict[str, Any]]) -> set[int]:

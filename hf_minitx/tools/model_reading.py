@@ -23,6 +23,31 @@ def special_names(config: Any) -> dict[int, str]:
     return names
 
 
+def _byte_level_table() -> dict[str, int]:
+    """The byte-level BPE alphabet back to bytes: printable Latin-1 bytes stand for themselves, the other bytes
+    for the characters from U+0100 on, in byte order (the convention of GPT-2's tokenizer and ``ByteLevel``)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {chr(byte): byte for byte in kept}
+    others = [byte for byte in range(256) if byte not in table.values()]
+    table.update({chr(256 + n): byte for n, byte in enumerate(others)})
+    return table
+
+
+BYTE_LEVEL = _byte_level_table()
+
+
+def token_text(token_id: int, tokenizer: Any) -> str:
+    """What a token stands for: its text, or, for a token that holds part of a character's UTF-8 bytes (which
+    decodes to U+FFFD alone), those bytes as escapes ("\\xc3"), so that "é" split in two is not shown as "��"."""
+    piece = tokenizer.decode([token_id])
+    if "\ufffd" not in piece:
+        return piece
+    symbol = tokenizer.convert_ids_to_tokens(token_id)
+    if not isinstance(symbol, str) or not symbol or any(char not in BYTE_LEVEL for char in symbol):
+        return piece  # not a byte-level token (or a real U+FFFD): as decoded
+    return bytes(BYTE_LEVEL[char] for char in symbol).decode("utf-8", errors="backslashreplace")
+
+
 def encode_text(text: str, tokenizer: Any | None, config: Any) -> list[int]:
     """Token ids of `text`: through the tokenizer, or whitespace-separated integers without one."""
     if not text or not text.strip():
@@ -53,7 +78,7 @@ def token_labels(ids: Sequence[int], tokenizer: Any | None, config: Any) -> list
         if i in special:
             labels.append(special[i])
         elif tokenizer is not None:
-            piece = tokenizer.decode([i])
+            piece = token_text(i, tokenizer)
             labels.append(piece.replace(" ", "_").replace("\n", "\\n") or "?")
         else:
             labels.append(str(i))

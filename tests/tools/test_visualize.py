@@ -266,3 +266,17 @@ def test_cli_writes_each_picture(seq2seq_model, tmp_path, capsys):
     assert f"{seq2seq_model.num_parameters():,}" in capsys.readouterr().out
     with pytest.raises(ValueError, match="must name a .png file"):
         cli.main(["masks", "--out", str(tmp_path / "masks.svg")])
+
+
+def test_a_token_holding_part_of_a_character_is_labelled_with_its_bytes_not_a_replacement_mark():
+    from hf_minitx.data.tokenizer import train_bpe_tokenizer
+    from hf_minitx.tools.explore import vocabulary
+    from hf_minitx.tools.model_reading import token_labels, token_text
+
+    tokenizer = train_bpe_tokenizer(["the cat sat on the mat\n"] * 50, vocab_size=300)
+    ids = tokenizer("hé 😀 �", add_special_tokens=False)["input_ids"]  # é, the emoji and U+FFFD: no merges
+    texts = [token_text(i, tokenizer) for i in ids]
+    assert "\ufffd" not in "".join(texts) and texts[-3:] == ["\\xef", "\\xbf", "\\xbd"]  # U+FFFD's own bytes
+    assert texts[:3] == ["h", "\\xc3", "\\xa9"] and ["\\xf0", "\\x9f", "\\x98", "\\x80"] == texts[4:8]
+    assert token_labels(ids[:3], tokenizer, tiny_config()) == texts[:3]
+    assert vocabulary(set(ids), tokenizer, tiny_config())[str(ids[1])] == "\\xc3"  # the explorer's page
