@@ -50,7 +50,7 @@ from ..models.positions_minitx import rope_inverse_frequencies
 from ..training.checkpoints import CHECKPOINT_PREFIX, MODEL_FILES, RUN_STATE_FILE, list_checkpoints
 from ..training.outputs import METRICS_FILE, SUMMARY_FILE, read_metrics
 from ..training.setup import build_model
-from .model_reading import encode_text, parameter_counts, special_names, token_text
+from .model_reading import check_fits_positions, encode_text, parameter_counts, special_names, token_text
 
 LENS_TOP = 3  # tokens kept per layer and position in the logit lens
 CURVE_POSITIONS = 128  # positions drawn in the positional-encoding curves
@@ -89,7 +89,6 @@ class Inputs:
 def encode_inputs(model: Any, tokenizer: Any | None, text: str, target: str | None) -> Inputs:
     """Token ids for the model, refused when they do not fit its positions or a seq2seq target is missing."""
     config = model.config
-    limit = config.max_position_embeddings
     if config.is_encoder_decoder:
         if target is None:
             raise ValueError("this is an encoder-decoder model: give the output text with --target "
@@ -97,14 +96,12 @@ def encode_inputs(model: Any, tokenizer: Any | None, text: str, target: str | No
         source = encode_text(text, tokenizer, config) + [config.eos_token_id]
         decoder = [config.decoder_start_token_id] + encode_text(target, tokenizer, config)
         for name, ids in (("--text", source), ("--target", decoder)):
-            if len(ids) > limit:
-                raise ValueError(f"{name} takes {len(ids)} tokens but the model has {limit} positions; shorten it")
+            check_fits_positions(name, ids, config)
         return Inputs(ids=decoder, source=source)
     if target is not None:
         raise ValueError("--target is for encoder-decoder models; this decoder-only model reads --text alone")
     ids = encode_text(text, tokenizer, config)
-    if len(ids) > limit:
-        raise ValueError(f"--text takes {len(ids)} tokens but the model has {limit} positions; shorten it")
+    check_fits_positions("--text", ids, config)
     return Inputs(ids=ids)
 
 

@@ -85,6 +85,14 @@ def token_labels(ids: Sequence[int], tokenizer: Any | None, config: Any) -> list
     return [label if len(label) <= 12 else label[:11] + "…" for label in labels]
 
 
+def check_fits_positions(name: str, ids: Sequence[int], config: Any) -> None:
+    """Refuse a text of more tokens than the model has positions (a learned table has no row past them, and no
+    model was trained there)."""
+    limit = config.max_position_embeddings
+    if len(ids) > limit:
+        raise ValueError(f"{name} takes {len(ids)} tokens but the model has {limit} positions; shorten it")
+
+
 def parameter_component(name: str) -> str:
     """The component a parameter belongs to, from its name (e.g. 'model.decoder.layers.0.mlp.fc1.weight')."""
     if "embed" in name:

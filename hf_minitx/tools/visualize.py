@@ -35,6 +35,7 @@ from ..training.curves import (  # noqa: E402
     written_by_us,
 )
 from .model_reading import (  # noqa: E402
+    check_fits_positions,
     encode_text,
     format_param_table,
     parameter_component,
@@ -102,6 +103,7 @@ def attention_weights(
         if text is None or source is not None or target is not None:
             raise ValueError("A decoder-only model takes text=...; source/target are for encoder-decoder models.")
         ids = encode_text(text, tokenizer, config)
+        check_fits_positions("--text", ids, config)
         out = model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
         tokens = token_labels(ids, tokenizer, config)
         return {"self": _stack(out.attentions, "self-attention"), "labels": {"self": (tokens, tokens)}}
@@ -112,6 +114,8 @@ def attention_weights(
     source_ids = encode_text(source, tokenizer, config) + [eos]
     labels = encode_text(target, tokenizer, config) + [eos]
     decoder_ids = [config.decoder_start_token_id] + labels[:-1]
+    for name, ids in (("--source", source_ids), ("--target", decoder_ids)):
+        check_fits_positions(name, ids, config)
     out = model(
         input_ids=torch.tensor([source_ids]), decoder_input_ids=torch.tensor([decoder_ids]),
         output_attentions=True, use_cache=False,

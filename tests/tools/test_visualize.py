@@ -280,3 +280,10 @@ def test_a_token_holding_part_of_a_character_is_labelled_with_its_bytes_not_a_re
     assert texts[:3] == ["h", "\\xc3", "\\xa9"] and ["\\xf0", "\\x9f", "\\x98", "\\x80"] == texts[4:8]
     assert token_labels(ids[:3], tokenizer, tiny_config()) == texts[:3]
     assert vocabulary(set(ids), tokenizer, tiny_config())[str(ids[1])] == "\\xc3"  # the explorer's page
+
+
+def test_attention_of_a_text_longer_than_the_positions_is_refused_as_the_explorer_refuses_it():
+    model = MiniTxForCausalLM(tiny_config(max_position_embeddings=8)).eval()
+    with pytest.raises(ValueError, match="--text takes 9 tokens but the model has 8 positions; shorten it"):
+        viz.attention_weights(model, text=" ".join(str(i) for i in range(9)))
+    assert viz.attention_weights(model, text=" ".join(str(i) for i in range(8)))["self"].shape[-1] == 8
