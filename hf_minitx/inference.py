@@ -285,6 +285,9 @@ def generate(
             if seed is not None:
                 torch.manual_seed(seed)
             if model.config.is_encoder_decoder:
+                empty = [i for i, source in enumerate(prompts) if not source.strip()]
+                if empty:
+                    raise ValueError(f"prompt {empty[0]} is empty; give every prompt some text to translate")
                 check_fits_positions(model, 1, kwargs.get("max_new_tokens"), refuse_past_training=refuse_past_training)
                 return generate_texts(model, tokenizer, prompts, batch_size=len(prompts), **kwargs)
             return _continue_prompts(model, tokenizer, prompts, refuse_past_training=refuse_past_training, **kwargs)
@@ -305,7 +308,8 @@ class GenerateArguments:
     temperature: float | None = field(default=None, metadata={"help": "sampling temperature"})
     top_k: int | None = field(default=None, metadata={"help": "sample among the k most likely tokens"})
     top_p: float | None = field(default=None, metadata={"help": "nucleus sampling probability mass"})
-    num_beams: int | None = field(default=None, metadata={"help": "beam search width (implies no sampling)"})
+    num_beams: int | None = field(default=None, metadata={
+        "help": "beam search width (no sampling, unless --do_sample is given too: beam sampling)"})
     seed: int = field(default=0, metadata={"help": "seed of the sampling"})
     device: str = field(default="auto", metadata={"help": "auto (cuda -> mps -> cpu), cpu, cuda, cuda:N, mps"})
     dtype: str = field(default="auto", metadata={"help": "auto, float32, bfloat16, float16"})
@@ -319,6 +323,10 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
                               description="Generate with a saved hf_minitx model (decoder-only or encoder-decoder).")
     if args.greedy and args.do_sample:
         raise ValueError("--greedy and --do_sample contradict each other; give one of them")
+    sampling = [f"--{name}" for name in ("temperature", "top_k", "top_p") if getattr(args, name) is not None]
+    if args.greedy and sampling:
+        raise ValueError(f"--greedy does not sample, so {', '.join(sampling)} would do nothing; drop "
+                         f"{'it' if len(sampling) == 1 else 'them'} or --greedy")
     list(checked_texts(args.prompt, option="--prompt"))  # a byte the shell could not decode, named up front
     model, tokenizer = load_model_folder(args.model, device=args.device, dtype=args.dtype)
     do_sample = True if args.do_sample else False if args.greedy or (args.num_beams or 1) > 1 else None

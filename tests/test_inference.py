@@ -211,6 +211,24 @@ def test_empty_prompt_is_refused(causal_dir):
         generate(model, tokenizer, ["the cat", ""])
 
 
+def test_an_empty_source_is_refused_by_a_translation_model_too(tokenizer, tmp_path):
+    config = MiniTxConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=64, max_position_embeddings=16, is_encoder_decoder=True,
+                          pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+    model, tok = load_model_folder(_save(MiniTxForConditionalGeneration(config), tokenizer, tmp_path / "s2s"),
+                                   device="cpu")
+    with pytest.raises(ValueError, match="prompt 1 is empty; give every prompt some text to translate"):
+        generate(model, tok, ["the cat", " "], max_new_tokens=2)
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--top_p", "0.5"], "--greedy does not sample, so --top_p would do nothing; drop it or --greedy"),
+    (["--temperature", "0.7", "--top_k", "5"], "so --temperature, --top_k would do nothing; drop them or --greedy")])
+def test_sampling_settings_beside_greedy_are_refused_not_ignored(causal_dir, capsys, extra, said):
+    assert minitx(["generate", "--model", str(causal_dir), "--prompt", "the cat", "--greedy", *extra]) == 2
+    assert said in capsys.readouterr().err
+
+
 def test_prompt_with_a_lone_surrogate_is_named(causal_dir):
     model, tokenizer = load_model_folder(causal_dir, device="cpu")
     with pytest.raises(ValueError, match=r"row 1 of the prompts .* at character 3, a lone surrogate"):
