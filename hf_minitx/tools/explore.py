@@ -330,11 +330,12 @@ def _rounded(values: torch.Tensor) -> list[list[float]]:
     return [[round(float(v), 3) for v in row] for row in values.tolist()]
 
 
-def model_info(model: Any, model_dir: Path) -> dict[str, Any]:
-    """Config fields, parameters per component and the positional-encoding curves."""
+def model_info(model: Any, model_dir: Path, weights_dir: Path) -> dict[str, Any]:
+    """Config fields, parameters per component and the positional-encoding curves; ``weights_dir`` holds the
+    weights shown (the model folder, or an interrupted run's latest checkpoint), whose digest names them."""
     config = model.config.to_diff_dict()
     shown = {k: v for k, v in sorted(config.items()) if isinstance(v, (int, float, str, bool)) or v is None}
-    return {"name": model_dir.resolve().name, "weights": weights_digest(model_dir), "config": shown,
+    return {"name": model_dir.resolve().name, "weights": weights_digest(weights_dir), "config": shown,
             "parameters": parameter_counts(model),
             "total_parameters": sum(p.numel() for p in model.parameters()), "positions": position_curves(model)}
 
@@ -393,12 +394,13 @@ def explore_data(model_dir: str | Path, text: str, *, target: str | None = None,
         views.append({"label": snapshot.label, "step": snapshot.step, **look(model, inputs, top_k)})
     load_snapshot(model, next(s for s in snapshots if s.path is None), final_state)  # the final one again
     config = model.config
+    weights_dir = model_dir if latest is None else model_dir / f"{CHECKPOINT_PREFIX}{latest}"  # what is shown
     return {
         "kind": "seq2seq" if config.is_encoder_decoder else "causal-lm",
         "text": text, "target": target,
         "tokens": inputs.ids, "source": inputs.source,
         "vocab": vocabulary(_ids_shown(inputs, views), tokenizer, config),
-        "snapshots": views, "loss": curve, "model": model_info(model, model_dir),
+        "snapshots": views, "loss": curve, "model": model_info(model, model_dir, weights_dir),
     }
 
 

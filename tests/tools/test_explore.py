@@ -214,6 +214,9 @@ def test_an_interrupted_run_is_explored_through_its_checkpoints(tmp_path):
     for snapshot, model in zip(data["snapshots"], models, strict=True):
         top = torch.softmax(model(ids).logits[0], -1).topk(3).indices
         assert [[i for i, _ in position] for position in snapshot["top"]] == top.tolist()
+    from hf_minitx.folders import weights_digest
+
+    assert data["model"]["weights"] == weights_digest(run / "checkpoint-4") != weights_digest(run)  # what is shown
     page = tmp_path / "page.html"
     assert minitx(["explore", "--model", str(run), "--text", TEXT, "--out", str(page)]) == 0 and page.is_file()
 
