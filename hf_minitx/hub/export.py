@@ -219,10 +219,12 @@ def check_same_logits(ours: PreTrainedModel, stock: PreTrainedModel, what: str) 
 
 
 def write_card(folder: Path, *, source: str, target: str, file_name: str, keywords: dict | None = None) -> None:
-    """A short model card (README.md) naming the source model (`base_model`) and how to load the export."""
+    """A short model card (README.md) naming the source model and how to load the export. ``base_model`` is a Hub
+    repo id on the Hub: a local folder is named in the text only (the Hub would read it as a repo that is not)."""
     from huggingface_hub import ModelCardData
 
-    data = ModelCardData(base_model=source, library_name="transformers", pipeline_tag="text-generation",
+    hub_id = None if Path(source).expanduser().exists() else source
+    data = ModelCardData(base_model=hub_id, library_name="transformers", pipeline_tag="text-generation",
                          tags=["hf_minitx", target])
     arguments = "".join(f", {key}={value!r}" for key, value in {
         **({"gguf_file": file_name} if file_name.endswith(".gguf") else {}), **(keywords or {})}.items())

@@ -109,7 +109,8 @@ def test_export_writes_card_generation_config_and_marker(exported):
     _, folders, _ = exported
     folder = folders["qwen3"]
     card = (folder / "README.md").read_text()
-    assert f"base_model: {folder.parent / 'src-qwen3'}" in card and "trust_remote_code" in card
+    assert "base_model" not in card  # a local folder is no Hub repo id: named in the text only
+    assert f"The hf_minitx model `{folder.parent / 'src-qwen3'}` exported" in card and "trust_remote_code" in card
     generation = json.loads((folder / "generation_config.json").read_text())
     assert generation["eos_token_id"] == 2 and generation["pad_token_id"] == 0
     assert json.loads((folder / ".minitx-run.json").read_text())["command"] == "export"
