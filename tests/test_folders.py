@@ -239,3 +239,19 @@ def test_a_linked_file_is_written_through_and_stays_a_link(tmp_path):
     write_file(link, lambda tmp: tmp.write_text("new"))
     assert link.is_symlink() and link.resolve() == page.resolve() and page.read_text() == "new"
     assert sorted(os.listdir(page.parent)) == ["page.html"] and sorted(os.listdir(tmp_path)) == ["link.html", "pages"]
+
+
+def test_the_digest_of_a_checkpoint_with_bin_weights_names_them():
+    import tempfile
+
+    from hf_minitx.folders import weights_digest
+
+    with tempfile.TemporaryDirectory() as folder:
+        empty = weights_digest(Path(folder))
+        (Path(folder) / "pytorch_model.bin").write_bytes(b"weights")
+        first = weights_digest(Path(folder))
+        (Path(folder) / "pytorch_model.bin").write_bytes(b"other weights")
+        assert len({empty, first, weights_digest(Path(folder))}) == 3
+        (Path(folder) / "model.safetensors").write_bytes(b"weights")  # safetensors, where there are any
+        assert weights_digest(Path(folder)) not in (empty, first)
+

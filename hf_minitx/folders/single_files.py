@@ -41,10 +41,11 @@ def html_written_by_us(path: Path) -> bool:
 
 
 def weights_digest(model_dir: Path) -> str:
-    """SHA-256 of a model folder's weight files (every ``*.safetensors`` at its top, in name order): what names
-    the exact model a page or a report was made from."""
+    """SHA-256 of a model folder's weight files (every ``*.safetensors`` at its top, in name order; a checkpoint
+    that holds ``*.bin`` weights instead, those): what names the exact model a page or a report was made from."""
     digest = hashlib.sha256()
-    for path in sorted(Path(model_dir).glob("*.safetensors")):
+    files = sorted(Path(model_dir).glob("*.safetensors")) or sorted(Path(model_dir).glob("*.bin"))
+    for path in files:
         digest.update(path.name.encode() + b"\0")
         with path.open("rb") as handle:
             for chunk in iter(lambda: handle.read(1 << 20), b""):

@@ -87,9 +87,11 @@ def plot_training(
     return data
 
 
-def check_png_path(out: PathLike) -> None:
-    """Reject an output path that is not a PNG file before any work starts."""
+def check_png_path(out: PathLike, option: str | None = None) -> None:
+    """Reject an output path that is not a PNG file before any work starts (``option``: the flag that named it)."""
     if Path(out).suffix.lower() != ".png":
+        if option:
+            raise ValueError(f"{option} must be a .png file, got {out}; e.g. {option} curves.png")
         raise ValueError(f"Output must be a .png file, got {out}; e.g. out='attention.png'.")
 
 

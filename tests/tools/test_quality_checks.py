@@ -60,11 +60,14 @@ def test_every_corpus_the_comparison_cannot_cut_is_refused_before_work(tmp_path,
         assert message in str(refused.value) and "\n" not in str(refused.value), (name, str(refused.value))
     with pytest.raises(ValueError, match=f"names {corpus} more than once; give each corpus once"):
         QualitySettings(corpora=(str(corpus), "builtin:pydocs", str(corpus))).check()
+    with pytest.raises(ValueError, match="more than once"):  # one file under two names
+        QualitySettings(corpora=(str(corpus), str(corpus.parent / "." / corpus.name))).check()
     QualitySettings(corpora=(str(corpus), "builtin:pydocs")).check()
 
 
-@pytest.mark.parametrize("extra", ["--max_minutes 5", "--num_threads=1", "--max_steps 10", "--output_dir x",
-                                   "--dataset builtin:kjv --optimizer adamw"])
+@pytest.mark.parametrize("extra", ["--max_minutes 5", "--num_threads=7", "--max_steps 10", "--output_dir x",
+                                   "--dataset builtin:kjv --optimizer adamw", "--max-minutes 5", "--max_min 5",
+                                   "--output-dir x"])
 def test_our_arguments_may_change_the_recipe_not_the_comparison(extra):
     with pytest.raises(ValueError, match="--quality_ours_args may not set --[a-z_]+.*the comparison sets them"):
         QualitySettings(ours_args=extra).check()
@@ -80,7 +83,9 @@ def test_the_plot_and_the_json_are_checked_before_work_and_made_in_new_folders(t
     mine = tmp_path / "mine.png"
     mine.write_bytes(b"a picture of mine")
     for argv, message in (([str(mine)], "--quality_plot .*mine.png exists and was not written by minitx"),
-                          ([str(tmp_path / "curves.jpg")], "must be a .png file")):
+                          ([str(tmp_path / "curves.jpg")], "--quality_plot must be a .png file, got"),
+                          ([str(tmp_path / "a.png"), "--json", str(tmp_path / "a.png")],
+                           "--json and --quality_plot both name")):
         with pytest.raises((ValueError, FileExistsError), match=message):
             run.main(["--quality_only", "--quality_corpora", str(corpus), "--quality_plot", *argv])
     assert mine.read_bytes() == b"a picture of mine"

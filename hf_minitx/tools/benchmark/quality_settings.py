@@ -8,7 +8,7 @@ import json
 import math
 import os
 import shlex
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +50,15 @@ class QualitySettings:
             raise ValueError(f"quality: hidden ({self.hidden}) must be divisible by heads ({self.heads})")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--quality_threads must be >= 1, got {self.threads}")
-        controls = sorted({word.split("=", 1)[0] for word in shlex.split(self.ours_args)} & set(RUN_CONTROLS))
+        controls = changed_controls(self)
         if controls:
             raise ValueError(f"--quality_ours_args may not set {', '.join(controls)}: the comparison sets them "
                              "itself (the corpus, the equal wall time, the threads, the folder it scores); give "
                              "--quality_seconds, --quality_threads or --quality_corpora instead")
         our_arguments(self, Path("data"), Path("tokenizer"), Path("out"))
-        repeated = sorted({corpus for corpus in self.corpora if self.corpora.count(corpus) > 1})
+        named = [corpus if corpus.startswith("builtin:") else str(Path(corpus).expanduser().resolve())
+                 for corpus in self.corpora]  # ./a.txt and a.txt are one file
+        repeated = sorted({corpus for corpus, key in zip(self.corpora, named, strict=True) if named.count(key) > 1})
         if repeated:
             raise ValueError(f"--quality_corpora names {', '.join(repeated)} more than once; give each corpus once")
         for corpus in self.corpora:
@@ -81,6 +83,22 @@ def our_arguments(settings: QualitySettings, data: Path, tokenizer: Path, out: P
     except (ValueError, SystemExit) as err:
         raise ValueError(f"--quality_ours_args {settings.ours_args!r}: {err}; give minitx train arguments") from None
     return args
+
+
+def changed_controls(settings: QualitySettings) -> list[str]:
+    """The comparison's own `minitx train` settings (``RUN_CONTROLS``) that --quality_ours_args would change,
+    read from the parsed arguments, so that `--max-minutes`, `--max_min` or `--max_minutes=5` are all seen."""
+    from ...training.arguments import parse_training_args
+
+    paths = (Path("data"), Path("tokenizer"), Path("out"))
+    try:
+        given = parse_training_args(our_arguments(settings, *paths))
+    except ValueError:
+        return []  # our_arguments names the bad argument itself
+    plain = parse_training_args(our_arguments(replace(settings, ours_args=""), *paths))
+    fields = [flag.removeprefix("--") for flag in RUN_CONTROLS]
+    return [f"--{name}" for name in fields
+            if any(getattr(a, name, None) != getattr(b, name, None) for a, b in zip(given, plain, strict=True))]
 
 
 def our_data_arguments(settings: QualitySettings) -> Any:

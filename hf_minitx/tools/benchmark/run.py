@@ -220,9 +220,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if args.quality_plot:
             from ...training.curves import check_png_path, written_by_us
 
-            check_png_path(args.quality_plot)
-            check_output_file(args.quality_plot, overwrite=args.overwrite, option="--quality_plot",
-                              is_ours=written_by_us)
+            check_png_path(args.quality_plot, option="--quality_plot")
+            plot = check_output_file(args.quality_plot, overwrite=args.overwrite, option="--quality_plot",
+                                     is_ours=written_by_us)
+            if args.json and plot.resolve() == Path(args.json).expanduser().resolve():
+                raise ValueError(f"--json and --quality_plot both name {args.json}; give each its own file")
         if args.quality_work_dir:
             check_work_dir(Path(args.quality_work_dir).expanduser(), quality)
     rounds = args.rounds or (3 if args.quick else 5)
