@@ -21,7 +21,7 @@ from datasets.exceptions import DatasetGenerationError
 
 from .builtin import BUILTIN_CORPORA, BUILTIN_PREFIX, get_builtin
 from .documents import AnyDataset
-from .splits import VALIDATION_ALIASES
+from .splits import VALIDATION_ALIASES, empty_data_files
 from .text_files import UndecodableText, load_text_files
 
 logger = logging.getLogger(__name__)
@@ -214,21 +214,6 @@ def _each_file_once(name: str, files: dict[str, list[str]]) -> dict[str, list[st
     return kept
 
 
-def _empty_data_files(name: str) -> list[str]:
-    """The data files of a local folder or file that hold nothing but white space (at most 1 MB is read of each)."""
-    path = Path(name).expanduser()
-    files = sorted(p for p in path.rglob("*") if p.suffix.lower() in FILE_BUILDERS) if path.is_dir() else [path]
-    empty = []
-    for file in files:
-        try:
-            with file.open("rb") as handle:
-                if not handle.read(1 << 20).strip():
-                    empty.append(str(file))
-        except OSError:
-            continue
-    return empty
-
-
 def _check_one_file_type(name: str) -> None:
     """A local folder must hold data files of one type: datasets would read one type and skip the rest."""
     folder = Path(name).expanduser()
@@ -263,7 +248,7 @@ def _guarded(name: str, load: Any, *args: Any, **kwargs: Any) -> Any:
         ) from err
     except ValueError as err:
         if "corresponds to no data" in str(err):
-            empty = _empty_data_files(name)
+            empty = empty_data_files(name, tuple(FILE_BUILDERS))
             said = (f"{', '.join(empty)} {'is' if len(empty) == 1 else 'are'} empty" if empty
                     else f"a split has no rows ({err})")
             raise ValueError(f"dataset {name!r}: {said}; give each split some text, or leave an empty validation "

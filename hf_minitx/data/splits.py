@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 from datasets import Dataset, IterableDataset
@@ -157,8 +158,29 @@ def check_not_empty(split: AnyDataset, dataset: str, name: str) -> None:
         raise ValueError(f"split {name!r} of dataset {dataset!r} is empty: there is nothing to train or evaluate on")
     columns = [c for c in ("text", "source", "target") if c in (split.column_names or [])]
     if isinstance(split, Dataset) and columns and not _has_text(split, columns):
+        named = empty_data_files(dataset)
+        files = f" ({', '.join(named)} {'is' if len(named) == 1 else 'are'} white space only)" if named else ""
         raise ValueError(f"split {name!r} of dataset {dataset!r} has no text: its {len(split)} rows are empty or "
-                         "whitespace only; check the file (and --text_column) or pass another --dataset")
+                         f"whitespace only{files}; check the file (and --text_column) or pass another --dataset")
+
+
+def empty_data_files(name: str, suffixes: tuple[str, ...] = (".txt",)) -> list[str]:
+    """The data files (of ``suffixes``) of a local folder or file that hold nothing but white space (at most 1 MB
+    is read of each): what an empty split is named by."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in suffixes)
+    else:
+        files = [path] if path.is_file() else []
+    empty = []
+    for file in files:
+        try:
+            with file.open("rb") as handle:
+                if not handle.read(1 << 20).strip():
+                    empty.append(str(file))
+        except OSError:
+            continue
+    return empty
 
 
 def _has_text(split: Dataset, columns: list[str]) -> bool:

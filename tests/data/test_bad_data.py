@@ -82,6 +82,16 @@ def test_an_empty_split_file_is_named_with_what_to_do(tmp_path, emptied):
         load_corpus(str(folder))
 
 
+def test_a_white_space_only_split_file_is_named(tmp_path):
+    folder = tmp_path / "splits"
+    folder.mkdir()
+    (folder / "train.txt").write_text("some text\n" * 20)
+    (folder / "validation.txt").write_text("  \n\n \n")
+    with pytest.raises(ValueError, match=rf"split 'validation' .* has no text: .*\({folder / 'validation.txt'} is "
+                                         "white space only\)"):
+        load_corpus(str(folder))
+
+
 def test_folder_of_mixed_file_types_is_refused_not_half_read(tmp_path):
     folder = tmp_path / "mixed"
     folder.mkdir()
