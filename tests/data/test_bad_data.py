@@ -70,25 +70,16 @@ def test_streaming_a_corpus_too_small_to_carve_says_why(tmp_path):
         load_corpus(str(corpus), streaming=True)
 
 
-@pytest.mark.parametrize("emptied", [["validation.txt"], ["train.txt", "validation.txt"]])
-def test_an_empty_split_file_is_named_with_what_to_do(tmp_path, emptied):
+@pytest.mark.parametrize("emptied, blank, said", [
+    (["validation.txt"], "", "{named} is empty; give each split some text, or leave an empty validation file out"),
+    (["train.txt", "validation.txt"], "", "{named} are empty; give each split some text"),
+    (["validation.txt"], "  \n\n \n", "split 'validation' .* has no text: .*\\({named} is white space only\\)")])
+def test_an_empty_or_blank_split_file_is_named(tmp_path, emptied, blank, said):
     folder = tmp_path / "splits"
     folder.mkdir()
     for name in ("train.txt", "validation.txt"):
-        (folder / name).write_text("" if name in emptied else "some text\n" * 20)
-    named = ", ".join(str(folder / name) for name in emptied)
-    with pytest.raises(ValueError, match=rf"{named} (is|are) empty; give each split some text, or leave an empty "
-                                         "validation file out"):
-        load_corpus(str(folder))
-
-
-def test_a_white_space_only_split_file_is_named(tmp_path):
-    folder = tmp_path / "splits"
-    folder.mkdir()
-    (folder / "train.txt").write_text("some text\n" * 20)
-    (folder / "validation.txt").write_text("  \n\n \n")
-    with pytest.raises(ValueError, match=rf"split 'validation' .* has no text: .*\({folder / 'validation.txt'} is "
-                                         "white space only\)"):
+        (folder / name).write_text(blank if name in emptied else "some text\n" * 20)
+    with pytest.raises(ValueError, match=said.format(named=", ".join(str(folder / name) for name in emptied))):
         load_corpus(str(folder))
 
 
