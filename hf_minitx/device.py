@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -90,3 +91,12 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, KEEP_FREED_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
+
+
+def random_state_kept(device: torch.device, enabled: bool = True) -> contextlib.AbstractContextManager:
+    """The random state of the CPU and of ``device`` restored on exit: what runs inside (an evaluation, a seeded
+    generation) draws no number from the stream the training steps draw their dropout masks from."""
+    if device.type == "cpu" or not enabled:
+        return torch.random.fork_rng(devices=[], enabled=enabled)
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else None, device_type=device.type)
+

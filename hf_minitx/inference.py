@@ -26,7 +26,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from .data.tokenizer import checked_texts, load_tokenizer
-from .device import pick_device, pick_dtype
+from .device import pick_device, pick_dtype, random_state_kept
 from .model_files import WEIGHTS_FILE, read_folder_config, read_safetensors_header
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -281,7 +281,7 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], enabled=seed is not None):
+        with random_state_kept(device, enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)
             if model.config.is_encoder_decoder:

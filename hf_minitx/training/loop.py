@@ -20,7 +20,6 @@ stop signals in ``signals.py``, the run's length and time-budget plan in ``run_l
 
 from __future__ import annotations
 
-import contextlib
 import math
 import shutil
 import signal
@@ -35,6 +34,7 @@ from tqdm.auto import tqdm
 from ..cli import EXIT_INTERRUPTED, Interrupted
 from ..data.corpus import UndecodableText
 from ..data.streaming import save_stream_position
+from ..device import random_state_kept
 from ..folders import PARTIAL_SUFFIX, lock_folder, output_path, unlock_folder
 from .arguments import DataArguments, ModelArguments, TrainArguments, parse_training_args
 from .budget import Probe
@@ -375,7 +375,7 @@ def log_train(run: TrainingRun, state: RunState, interval: Interval, learning_ra
 def validate(run: TrainingRun, state: RunState, **record: Any) -> dict[str, float]:
     """Run the evaluation, keep its samples in the state, write an eval record (with ``record``'s fields
     beside the metrics); returns the metrics."""
-    with training_stream_kept(run.accelerator.device):  # how often a run evaluates changes no dropout mask
+    with random_state_kept(run.accelerator.device):  # how often a run evaluates changes no dropout mask
         metrics, state.last_samples = run.evaluation(run.model, run.accelerator)
     run.model.train()
     if run.best is not None and not record:  # a record's evaluation (the temperature's) is of weights already kept
@@ -392,14 +392,6 @@ def validate(run: TrainingRun, state: RunState, **record: Any) -> dict[str, floa
             tqdm.write(f"  {sample['prompt']!r} -> {sample['output']!r}")
     run.accelerator.log(metrics, step=state.step)
     return metrics
-
-
-def training_stream_kept(device: torch.device) -> contextlib.AbstractContextManager:
-    """The random state of ``device`` (and the CPU's) restored on exit: an evaluation draws from it (each pass over
-    a DataLoader takes a seed), and the training steps draw their dropout masks from the same stream."""
-    if device.type == "cpu":
-        return torch.random.fork_rng(devices=[])
-    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else None, device_type=device.type)
 
 
 def calibrate_temperature(run: TrainingRun, state: RunState, outcome: FitOutcome) -> None:
