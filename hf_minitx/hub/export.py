@@ -123,7 +123,7 @@ def stock_config(config: PretrainedConfig, target: str) -> PretrainedConfig:
 def _embeddings(model: PreTrainedModel) -> torch.Tensor:
     """(vocab, hidden) token embeddings with the model's embedding scale folded in (untied heads only)."""
     decoder = model.model.decoder
-    return decoder.embed_tokens.weight.detach() * decoder.embed_scale
+    return decoder.embed_tokens.weight.detach() * decoder.embed_tokens.embed_scale
 
 
 def _rotary_state_dict(model: PreTrainedModel, target: str) -> dict[str, torch.Tensor]:

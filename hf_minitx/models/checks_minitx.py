@@ -2,15 +2,19 @@
 
 Ids, embeddings and padding masks (`check_inputs`), their lengths against the cache and the position table
 (`check_lengths`), labels against the logits (`check_labels`), whether an encoder mask pads
-(`encoder_padding`) and the model class against the checkpoint's kind (`check_model_kind`). They run before
+(`encoder_padding`), the model class against the checkpoint's kind (`check_model_kind`), and the output
+flags of a call against the config (`resolve_output_flags`). They run before
 any layer so that a bad input fails with a message naming the argument instead of an index error deep inside;
 the value checks of one call share one device-to-host copy, and under torch.compile they check nothing (no host
 sync in the graph).
 """
 
 import torch
+from transformers.utils import logging
 
 from .configuration_minitx import IGNORE_INDEX, MiniTxConfig
+
+logger = logging.get_logger(__name__)
 
 
 def check_inputs(
@@ -165,3 +169,23 @@ def check_model_kind(config: MiniTxConfig, want_encoder_decoder: bool) -> None:
 
 
 __all__ = ["check_inputs", "check_labels", "check_lengths", "check_model_kind", "encoder_padding"]
+
+
+def resolve_output_flags(
+    config: MiniTxConfig, output_attentions: bool | None, output_hidden_states: bool | None, return_dict: bool | None
+) -> tuple[bool, bool, bool]:
+    """A flag passed to forward wins; one left as None takes the config's value, as in every transformers model.
+
+    Attention weights come from `eager` only: under another implementation `output_attentions` gives empty tuples
+    and a warning that names the fix, as transformers' own models do.
+    """
+    output_attentions = config.output_attentions if output_attentions is None else output_attentions
+    if output_attentions and config._attn_implementation != "eager":
+        logger.warning_once(f"{config._attn_implementation} attention returns no attention weights, so "
+                            "output_attentions=True gives empty tuples; load the model with "
+                            "attn_implementation='eager' (or call model.set_attn_implementation('eager')) for them")
+    return (
+        output_attentions,
+        config.output_hidden_states if output_hidden_states is None else output_hidden_states,
+        config.return_dict if return_dict is None else return_dict,
+    )

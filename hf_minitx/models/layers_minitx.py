@@ -1,10 +1,12 @@
-"""Building blocks: norms, multi-head attention, the position-wise feed-forward network, encoder and decoder layers.
+"""Building blocks: norms, the scaled token embedding, multi-head attention, the position-wise feed-forward
+network, encoder and decoder layers.
 
 This file is the architecture only: each linear map is called as the module it is (`self.fc1(x)`). For the
 length of a `generate()` call, `decoding_minitx.py` may swap in forwards that read the same weights in the
 layout decoding reads fastest; nothing here knows about it.
 """
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -98,6 +100,23 @@ NORMS: dict[str, Callable[[int, float], nn.Module]] = {
 def make_norm(config: MiniTxConfig, size: int | None = None) -> nn.Module:
     """The config's norm over `size` features (default hidden_size)."""
     return NORMS[config.norm_type](size or config.hidden_size, config.layer_norm_eps)
+
+
+class MiniTxScaledEmbedding(nn.Embedding):
+    """The token embedding, times sqrt(hidden_size) with `config.scale_embeddings` (the paper's scale), else 1.
+
+    The scale lives in the module, not in the stack that calls it, so `get_input_embeddings()(ids)` gives the
+    embeddings the model itself reads (as `inputs_embeds=`), and `resize_token_embeddings` keeps it.
+    """
+
+    def __init__(self, config: MiniTxConfig):
+        super().__init__(config.vocab_size, config.hidden_size)
+        self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(batch, seq) token ids -> (batch, seq, hidden) scaled embeddings."""
+        embeddings = super().forward(input_ids)
+        return embeddings * self.embed_scale if self.embed_scale != 1.0 else embeddings
 
 
 def relu_squared(x: torch.Tensor) -> torch.Tensor:

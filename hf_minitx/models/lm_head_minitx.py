@@ -31,9 +31,14 @@ class MiniTxLMHeadMixin:
     """What the two language-model heads share: `lm_head` and its logits, the loss, and generate()'s entry
     points. A mixin before `MiniTxPreTrainedModel` and `GenerationMixin`, whose methods it extends."""
 
-    def output_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """(batch, seq, hidden) -> (batch, seq, vocab): `lm_head`, then c * tanh(logits / c) with a soft cap c."""
-        return soft_cap(self.lm_head(hidden_states), self.config.final_logit_softcap)
+    def output_logits(self, hidden_states: torch.Tensor, logits_to_keep: int | torch.Tensor = 0) -> torch.Tensor:
+        """(batch, seq, hidden) -> (batch, kept, vocab): `lm_head`, then c * tanh(logits / c) with a soft cap c.
+
+        `logits_to_keep`, as in transformers' heads: an int keeps the last that many positions (0: all), a 1-D
+        tensor the positions it lists, so `generate()` computes the head for the last position only.
+        """
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        return soft_cap(self.lm_head(hidden_states[:, kept]), self.config.final_logit_softcap)
 
     @torch.no_grad()
     def scale_output_logits(self, scale: float) -> None:

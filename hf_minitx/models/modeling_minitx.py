@@ -12,7 +12,6 @@ The input checks are in `checks_minitx.py`; what both heads share (logits, loss,
 `lm_head_minitx.py`.
 """
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -29,10 +28,24 @@ from transformers.modeling_outputs import (
 )
 
 from .attention_minitx import cross_attention_mask, self_attention_mask
-from .checks_minitx import check_inputs, check_labels, check_lengths, check_model_kind, encoder_padding
+from .checks_minitx import (
+    check_inputs,
+    check_labels,
+    check_lengths,
+    check_model_kind,
+    encoder_padding,
+    resolve_output_flags,
+)
 from .configuration_minitx import IGNORE_INDEX, MiniTxConfig
 from .decoding_minitx import CACHE_NAME, cache_argument
-from .layers_minitx import MiniTxDecoderLayer, MiniTxEncoderLayer, MiniTxRMSNorm, MiniTxUNetSkips, make_norm
+from .layers_minitx import (
+    MiniTxDecoderLayer,
+    MiniTxEncoderLayer,
+    MiniTxRMSNorm,
+    MiniTxScaledEmbedding,
+    MiniTxUNetSkips,
+    make_norm,
+)
 from .lm_head_minitx import MiniTxLMHeadMixin
 from .positions_minitx import (
     POSITION_ENCODINGS,
@@ -49,17 +62,6 @@ AUTO_MAP = {
     "AutoModelForCausalLM": "modeling_minitx.MiniTxForCausalLM",
     "AutoModelForSeq2SeqLM": "modeling_minitx.MiniTxForConditionalGeneration",
 }
-
-
-def resolve_output_flags(
-    config: MiniTxConfig, output_attentions: bool | None, output_hidden_states: bool | None, return_dict: bool | None
-) -> tuple[bool, bool, bool]:
-    """A flag passed to forward wins; one left as None takes the config's value, as in every transformers model."""
-    return (
-        config.output_attentions if output_attentions is None else output_attentions,
-        config.output_hidden_states if output_hidden_states is None else output_hidden_states,
-        config.return_dict if return_dict is None else return_dict,
-    )
 
 
 class MiniTxPreTrainedModel(PreTrainedModel):
@@ -125,8 +127,7 @@ class MiniTxStack(nn.Module):
         self.config = config
         self.is_decoder = is_decoder
         if not (is_decoder and config.is_encoder_decoder):
-            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
+            self.embed_tokens = MiniTxScaledEmbedding(config)
         positions = POSITION_ENCODINGS[config.position_embedding_type]
         # "embed_positions" or "rotary_emb", as saved checkpoints name it
         self.positions_attribute = positions.attribute
@@ -141,7 +142,7 @@ class MiniTxStack(nn.Module):
 
     def embed(self, input_ids: torch.LongTensor) -> torch.Tensor:
         """(batch, seq) token ids -> (batch, seq, hidden) scaled token embeddings (ids checked by `check_inputs`)."""
-        return self.embed_tokens(input_ids) * self.embed_scale
+        return self.embed_tokens(input_ids)
 
     def input_padding(
         self,
@@ -251,7 +252,7 @@ class MiniTxStack(nn.Module):
             if self.unet_skips is not None:
                 self.unet_skips.keep(layer_idx, hidden_states, first_half)
             for kept, value in ((all_states, hidden_states), (all_attentions, weights), (all_cross, cross_weights)):
-                if kept is not None:
+                if kept is not None and value is not None:  # no weights but eager's
                     kept.append(value)
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
@@ -374,7 +375,7 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,
         shift_labels: torch.LongTensor | None = None,
         past_key_values: Cache | None = None,
         **kwargs,
@@ -392,10 +393,7 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
             cache=cache_argument(cache, past_key_values), inputs_embeds=inputs_embeds, use_cache=use_cache,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
         )
-        hidden_states = outputs.last_hidden_state
-        if logits_to_keep:
-            hidden_states = hidden_states[:, -logits_to_keep:]
-        logits = self.output_logits(hidden_states)  # (batch, seq, vocab)
+        logits = self.output_logits(outputs.last_hidden_state, logits_to_keep)  # (batch, seq or kept, vocab)
         loss = None
         if shift_labels is not None:
             loss = self.lm_loss(logits, shift_labels, True, "shift_labels", **kwargs)
@@ -452,7 +450,7 @@ class MiniTxForConditionalGeneration(MiniTxLMHeadMixin, MiniTxPreTrainedModel, G
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
@@ -476,10 +474,7 @@ class MiniTxForConditionalGeneration(MiniTxLMHeadMixin, MiniTxPreTrainedModel, G
             decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
         )
-        hidden_states = outputs.last_hidden_state
-        if logits_to_keep:
-            hidden_states = hidden_states[:, -logits_to_keep:]
-        logits = self.output_logits(hidden_states)  # (batch, tgt, vocab)
+        logits = self.output_logits(outputs.last_hidden_state, logits_to_keep)  # (batch, tgt or kept, vocab)
         loss = self.lm_loss(logits, labels, True, "labels", **kwargs) if labels is not None else None
         output = Seq2SeqLMOutput(
             loss=loss, logits=logits, **{CACHE_NAME: getattr(outputs, CACHE_NAME)},

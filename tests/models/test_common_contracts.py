@@ -7,6 +7,7 @@ counts, determinism, output shapes, activation checkpointing, meta-device constr
 
 import copy
 import json
+from unittest import mock
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from hf_minitx import MiniTxForCausalLM, MiniTxForConditionalGeneration
+from hf_minitx.models import checks_minitx
 
 KINDS = {"causal": (MiniTxForCausalLM, AutoModelForCausalLM), "seq2seq": (MiniTxForConditionalGeneration,
                                                                           AutoModelForSeq2SeqLM)}
@@ -70,15 +72,17 @@ def test_eager_matches_sdpa_after_saving_with_every_epsilon_name(tmp_path, kind,
     assert {name: getattr(eager.config, name) for name in EPSILON_NAMES} == dict.fromkeys(EPSILON_NAMES, 1.0)
     assert all(module.eps == 1.0 for module in eager.modules() if hasattr(module, "eps"))
     inputs, counted = padded_batch(kind, padding)
-    with torch.no_grad():
+    with torch.no_grad(), mock.patch.object(checks_minitx.logger, "warning_once") as warn:
         outs = [m(**inputs, output_hidden_states=True, output_attentions=output_attentions)
                 for m in (sdpa, eager, switched)]
     states = [(out.decoder_hidden_states if kind == "seq2seq" else out.hidden_states)[-1] for out in outs]
     for other in states[1:]:
         torch.testing.assert_close(other[counted], states[0][counted], atol=1e-6, rtol=1e-4)
-    if output_attentions:
-        weights = outs[1].decoder_attentions if kind == "seq2seq" else outs[1].attentions
-        assert weights[0].shape == (7, 4, 8, 8)
+    if output_attentions:  # eager's weights; sdpa has none, says so and gives empty tuples, as transformers' models
+        weights = [out.decoder_attentions if kind == "seq2seq" else out.attentions for out in outs]
+        assert weights[1][0].shape == weights[2][0].shape == (7, 4, 8, 8) and weights[0] == ()
+        assert "attn_implementation='eager'" in warn.call_args[0][0]
+    assert warn.called == output_attentions
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])

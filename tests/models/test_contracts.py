@@ -192,14 +192,43 @@ def test_static_cache_generation_compiles_the_forward_and_matches_dynamic(cls):
     assert torch.equal(dynamic, static)
 
 
+@pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "scaled"])
 @pytest.mark.parametrize(("cls", "seq2seq"), KINDS, ids=KIND_IDS)
-def test_inputs_embeds_give_what_input_ids_give(cls, seq2seq):
+def test_inputs_embeds_give_what_input_ids_give(cls, seq2seq, scaled):
+    """get_input_embeddings()(ids) is what the model reads for ids, the paper's sqrt(hidden) scale included."""
+    model = build(cls, seq2seq, scale_embeddings=scaled, initializer_range=0.2)  # a scale that moves the logits
+    by_ids = inputs(seq2seq)
+    embed = model.get_input_embeddings()
+    by_embeds = {"attention_mask": by_ids["attention_mask"], "inputs_embeds": embed(by_ids["input_ids"])}
+    if seq2seq:  # (batch, seq, hidden) each
+        by_embeds["decoder_inputs_embeds"] = embed(by_ids["decoder_input_ids"])
+    torch.testing.assert_close(model(**by_embeds)[0], model(**by_ids)[0])  # logits or last hidden state
+
+
+def test_resized_embeddings_keep_the_scale():
+    model = build(MiniTxForCausalLM, False, scale_embeddings=True)
+    ids = random_ids(1, 5)
+    before = model.get_input_embeddings()(ids)
+    model.resize_token_embeddings(model.config.vocab_size + 8, mean_resizing=False)
+    torch.testing.assert_close(model.get_input_embeddings()(ids), before)
+    assert model.get_input_embeddings().embed_scale == model.config.hidden_size ** 0.5
+
+
+def test_generate_from_inputs_embeds_gives_the_tokens_of_ids_with_scaled_embeddings():
+    model = build(MiniTxForCausalLM, False, scale_embeddings=True, initializer_range=0.2)
+    ids = random_ids(1, 5)
+    new = model.generate(inputs_embeds=model.get_input_embeddings()(ids), max_new_tokens=6, do_sample=False)
+    assert torch.equal(new, model.generate(ids, max_new_tokens=6, do_sample=False)[:, ids.shape[1]:])
+
+
+@pytest.mark.parametrize(("cls", "seq2seq"), [KINDS[2], KINDS[3]], ids=KIND_IDS[2:])
+def test_logits_to_keep_takes_a_count_or_the_positions_to_keep(cls, seq2seq):
     model = build(cls, seq2seq)
     batch = inputs(seq2seq)
-    ids = batch.pop("input_ids")
-    embeds = model.get_input_embeddings()(ids)  # (batch, seq, hidden); scale_embeddings is off
-    first = lambda out: out[0]  # noqa: E731 - logits or last hidden state
-    torch.testing.assert_close(first(model(inputs_embeds=embeds, **batch)), first(model(input_ids=ids, **batch)))
+    full = model(**batch).logits  # (batch, seq, vocab)
+    torch.testing.assert_close(model(**batch, logits_to_keep=2).logits, full[:, -2:])
+    torch.testing.assert_close(model(**batch, logits_to_keep=torch.tensor([0, 2])).logits, full[:, [0, 2]])
+    torch.testing.assert_close(model(**batch, logits_to_keep=torch.tensor([1])).logits, full[:, 1:2])
 
 
 @pytest.mark.parametrize(("cls", "seq2seq"), KINDS, ids=KIND_IDS)
