@@ -169,9 +169,11 @@ def check_generation_arguments(kwargs: dict[str, Any]) -> None:
 
 
 def room_for_new_tokens(model: PreTrainedModel, used: int) -> int | None:
-    """How many new tokens fit after `used` decoder positions (None: rotary positions have no table)."""
+    """How many new tokens fit after `used` decoder positions (None: rotary positions have no table). The last
+    new token is never fed back, so it needs no position: the sequence may be one longer than the table, as
+    `generate()`'s own check (`positions_minitx.check_generation_fits`) allows."""
     config = model.config
-    return config.max_position_embeddings - used if config.position_table else None
+    return config.max_position_embeddings + 1 - used if config.position_table else None
 
 
 def check_fits_positions(model: PreTrainedModel, used: int, max_new_tokens: int | None, *,
@@ -187,17 +189,18 @@ def check_fits_positions(model: PreTrainedModel, used: int, max_new_tokens: int 
     config, limit = model.config, model.config.max_position_embeddings
     fit = room_for_new_tokens(model, used)
     if fit is None:
-        if used + new <= limit:
+        if used + new <= limit + 1:
             return
         if not refuse_past_training:
             logger.warning(f"generating {new} new tokens after {used} will exceed the model's predefined maximum "
                            f"length ({limit}, the context it was trained on); past it, expect the text to degrade")
             return
-        fit = limit - used
+        fit = limit + 1 - used  # the context it was trained on, as a table would hold it
     elif new <= fit:
         return
+    start = "the decoder's start takes" if config.is_encoder_decoder else "the prompt takes"
     raise ValueError(f"max_new_tokens={new} does not fit: the model has {limit} positions "
-                     f"({config.position_embedding_type}) and the prompt takes {used}, "
+                     f"({config.position_embedding_type}) and {start} {used}, "
                      f"so at most {max(fit, 0)} new tokens fit"
                      + ("; shorten the prompt" if fit < 1 else f"; pass --max_new_tokens {fit} or less"))
 
@@ -303,13 +306,15 @@ class GenerateArguments:
     prompt: list[str] = field(metadata={"help": "one or more prompts (or sources to translate)"})
     max_new_tokens: int | None = field(default=None, metadata={"help": "default: generation_config.json"})
     do_sample: bool = field(default=False, metadata={
-        "help": "sample (default: what the model's generation_config.json says)"})
+        "help": "sample (default: what the model's generation_config.json says; --temperature, --top_k or --top_p "
+                "sample too)"})
     greedy: bool = field(default=False, metadata={"help": "greedy decoding (no sampling)"})
     temperature: float | None = field(default=None, metadata={"help": "sampling temperature"})
     top_k: int | None = field(default=None, metadata={"help": "sample among the k most likely tokens"})
     top_p: float | None = field(default=None, metadata={"help": "nucleus sampling probability mass"})
     num_beams: int | None = field(default=None, metadata={
-        "help": "beam search width (no sampling, unless --do_sample is given too: beam sampling)"})
+        "help": "beam search width (no sampling, unless --do_sample or a sampling setting is given too: beam "
+                "sampling)"})
     seed: int = field(default=0, metadata={"help": "seed of the sampling"})
     device: str = field(default="auto", metadata={"help": "auto (cuda -> mps -> cpu), cpu, cuda, cuda:N, mps"})
     dtype: str = field(default="auto", metadata={"help": "auto, float32, bfloat16, float16"})
@@ -329,7 +334,8 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
                          f"{'it' if len(sampling) == 1 else 'them'} or --greedy")
     list(checked_texts(args.prompt, option="--prompt"))  # a byte the shell could not decode, named up front
     model, tokenizer = load_model_folder(args.model, device=args.device, dtype=args.dtype)
-    do_sample = True if args.do_sample else False if args.greedy or (args.num_beams or 1) > 1 else None
+    # a sampling setting samples (a model whose generation_config is greedy would ignore it); beams search
+    do_sample = True if args.do_sample or sampling else False if args.greedy or (args.num_beams or 1) > 1 else None
     outputs = generate(  # an asked length past the trained context is refused (in Python: a warning)
         model, tokenizer, args.prompt, seed=args.seed, refuse_past_training=args.max_new_tokens is not None,
         max_new_tokens=args.max_new_tokens,

@@ -4,12 +4,13 @@ half-random model), and generation settings are checked before any work."""
 import copy
 import json
 import shutil
+from unittest import mock
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_minitx import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration
+from hf_minitx import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration, inference
 from hf_minitx.cli import main as minitx
 from hf_minitx.data import train_bpe_tokenizer
 from hf_minitx.inference import generate, load_model_folder
@@ -156,9 +157,15 @@ def test_generation_settings_out_of_range_are_refused(causal_dir, setting, messa
 def test_generation_longer_than_the_positions_says_how_many_fit(causal_dir):
     model, tokenizer = load_model_folder(causal_dir, device="cpu")
     prompt_len = len(tokenizer("the cat", add_special_tokens=False)["input_ids"])
-    with pytest.raises(ValueError, match=f"at most {32 - prompt_len} new tokens fit"):
-        generate(model, tokenizer, ["the cat"], max_new_tokens=10_000)
-    assert len(generate(model, tokenizer, ["the cat"], max_new_tokens=32 - prompt_len, do_sample=False)) == 1
+    fit = 32 + 1 - prompt_len  # the last new token takes no position: generate()'s own check allows as many
+    for asked in (10_000, fit + 1):
+        with pytest.raises(ValueError, match=f"at most {fit} new tokens fit"):
+            generate(model, tokenizer, ["the cat"], max_new_tokens=asked)
+    output = generate(model, tokenizer, ["the cat"], max_new_tokens=fit, do_sample=False, min_new_tokens=fit)
+    assert len(tokenizer(output[0], add_special_tokens=False)["input_ids"]) >= fit - 2  # it ran to the end
+    with pytest.raises(ValueError, match=f"max_new_tokens={fit + 1}.* at most {fit} new tokens fit"):
+        model.generate(**tokenizer(["the cat"], return_tensors="pt"), max_new_tokens=fit + 1)
+    model.generate(**tokenizer(["the cat"], return_tensors="pt"), max_new_tokens=fit)  # the CLI's limit is generate()'s
 
 
 def test_rotary_generation_past_the_trained_context_is_refused_in_the_cli_and_warned_in_python(
@@ -199,7 +206,7 @@ def test_seq2seq_generation_longer_than_the_decoder_positions_is_refused(tokeniz
                           decoder_start_token_id=1)
     folder = _save(MiniTxForConditionalGeneration(config), tokenizer, tmp_path / "s2s")
     model, tok = load_model_folder(folder, device="cpu")
-    with pytest.raises(ValueError, match="at most 15 new tokens fit"):
+    with pytest.raises(ValueError, match="the decoder's start takes 1, so at most 16 new tokens fit"):
         generate(model, tok, ["the cat"], max_new_tokens=40)
 
 
@@ -227,6 +234,15 @@ def test_an_empty_source_is_refused_by_a_translation_model_too(tokenizer, tmp_pa
 def test_sampling_settings_beside_greedy_are_refused_not_ignored(causal_dir, capsys, extra, said):
     assert minitx(["generate", "--model", str(causal_dir), "--prompt", "the cat", "--greedy", *extra]) == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, do_sample", [
+    ([], None), (["--temperature", "0.5"], True), (["--top_k", "5"], True), (["--num_beams", "2"], False),
+    (["--num_beams", "2", "--top_p", "0.9"], True)])
+def test_a_sampling_setting_samples_even_where_the_generation_config_is_greedy(causal_dir, flags, do_sample):
+    with mock.patch.object(inference, "generate", return_value=["x"]) as run:
+        inference.main(["--model", str(causal_dir), "--prompt", "the cat", *flags])
+    assert run.call_args.kwargs["do_sample"] is do_sample  # None: the model's generation_config decides
 
 
 def test_prompt_with_a_lone_surrogate_is_named(causal_dir):

@@ -111,6 +111,9 @@ def normalise_columns(
                 f"has columns {columns}. Pass source_column/target_column (--source_column/--target_column) "
                 "or use task='causal-lm' for a text corpus."
             )
+        if source == target:
+            raise ValueError(f"--source_column and --target_column both name {source!r}: give the source and the "
+                             "target in two columns (for a copy task, copy the column first)")
         wanted = {source: "source", target: "target"}
     else:
         if text_column not in columns and {"source", "target"} <= set(columns):
@@ -121,15 +124,15 @@ def normalise_columns(
     missing = [c for c in wanted if c not in columns]
     if missing:
         raise ValueError(f"column(s) {missing} not found in {dataset!r}; the columns are {columns}")
-    if len(set(wanted)) != len(wanted):
-        raise ValueError(f"source and target must be different columns, got {list(wanted)}")
     features = split.features
+    pick = ("columns with --source_column and --target_column" if task == "seq2seq"
+            else "text column with --text_column")
     if features is not None:
         for column in wanted:
             if getattr(features[column], "dtype", None) not in ("string", "large_string"):
                 raise ValueError(f"column {column!r} of {dataset!r} must hold text, but "
                                  f"{_first_non_text(split, dataset, name, column)}: write each value as a string "
-                                 f"(in quotes in JSON), or pick the text column with --text_column")
+                                 f"(in quotes in JSON), or pick the {pick}")
     keep = list(wanted) + ([DOC_END] if task == "causal-lm" and DOC_END in columns else [])
     split = split.select_columns(keep)
     renames = {old: new for old, new in wanted.items() if old != new}

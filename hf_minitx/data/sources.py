@@ -8,6 +8,7 @@ a split came from, for the errors about bad rows.
 
 from __future__ import annotations
 
+import csv
 import functools
 import glob
 import logging
@@ -18,6 +19,7 @@ from typing import Any
 import datasets
 from datasets import Dataset, IterableDataset
 from datasets.exceptions import DatasetGenerationError
+from datasets.table import CastError
 
 from .builtin import BUILTIN_CORPORA, BUILTIN_PREFIX, get_builtin
 from .documents import AnyDataset
@@ -26,7 +28,7 @@ from .text_files import UndecodableText, load_text_files
 
 logger = logging.getLogger(__name__)
 
-FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet"}
 
 
 def load_raw(
@@ -76,7 +78,7 @@ def describe_unsupported(path: str) -> str:
             is_text = error.start >= len(head) - 3 and b"\x00" not in head
         kind = "UTF-8 text" if is_text else "binary data (not UTF-8 text)"
         fix = ("rename it with the extension of its format (e.g. .txt for plain text)" if is_text
-               else "give the text as a .txt file, or the records as .jsonl/.csv/.parquet")
+               else "give the text as a .txt file, or the records as .jsonl/.csv/.tsv/.parquet")
     suffix = Path(path).suffix or "no extension"
     return f"{path} is {kind} ({suffix}); minitx reads {supported} files: {fix}"
 
@@ -173,16 +175,37 @@ def _load_files(
         raise ValueError(f"dataset file(s) {empty} are empty: there is nothing to train on")
     if builder == "text":
         return _guarded(",".join(files), load_text_files, {"train": files}, streaming, sample_by, skip_bad_rows)
-    return _guarded(",".join(files), datasets.load_dataset, builder, data_files={"train": files}, streaming=streaming,
-                    **_reader_options(builder))
+    reader, options = _reader(builder, files[0])
+    return _guarded(",".join(files), datasets.load_dataset, reader, data_files={"train": files}, streaming=streaming,
+                    **options)
 
 
 CSV_AS_TEXT = {"keep_default_na": False, "na_values": [""]}  # "NA", "null", "nan", "N/A", "#N/A" stay text
 
 
-def _reader_options(builder: str) -> dict[str, Any]:
-    """Options of datasets' ``builder``: a CSV cell is text, and only an empty one is missing."""
-    return dict(CSV_AS_TEXT) if builder == "csv" else {}
+def _reader(builder: str, first_file: str | None = None, sep: str | None = None) -> tuple[str, dict[str, Any]]:
+    """datasets' builder for one of FILE_BUILDERS' kinds, and its options. A CSV or TSV (datasets' ``csv`` with tab
+    separators) is read as text: every column of ``first_file``'s header a string, so that "149" stays "149" and
+    "1.50" stays "1.50", and only an empty cell is missing."""
+    if builder not in ("csv", "tsv"):
+        return builder, {}
+    sep = sep or ("\t" if builder == "tsv" else ",")
+    options: dict[str, Any] = {**CSV_AS_TEXT, "sep": sep}
+    header = _csv_header(first_file, sep) if first_file else None
+    if header:
+        options["features"] = datasets.Features({name: datasets.Value("string") for name in header})
+    return "csv", options
+
+
+def _csv_header(path: str, sep: str) -> list[str] | None:
+    """The column names of a local CSV file's first row; None where they cannot be read or repeat (pandas would
+    rename repeats: its own inference is kept then)."""
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as handle:
+            header = next(csv.reader(handle, delimiter=sep), None)
+    except (OSError, UnicodeDecodeError):
+        return None
+    return header if header and len(set(header)) == len(header) else None
 
 
 def _load_with_datasets(
@@ -191,14 +214,32 @@ def _load_with_datasets(
     """``datasets.load_dataset(name, config)``: a Hub id or a local folder of data files. Text files
     (what datasets' ``text`` builder would read line by line) are read as documents instead."""
     _check_one_file_type(name)
+    if _saved_dataset(name):
+        return _load_saved_dataset(name, streaming)
     builder = _guarded(name, datasets.load_dataset_builder, name, config)
     files = {str(split): list(paths) for split, paths in (builder.config.data_files or {}).items()}
     if builder.name == "text" and files:
         return _guarded(name, load_text_files, _each_file_once(name, files), streaming, sample_by, skip_bad_rows)
-    if os.path.isdir(os.path.expanduser(name)) and files and _each_file_once(name, files) != files:
+    first = next((paths[0] for paths in files.values() if paths), None)
+    local = os.path.isdir(os.path.expanduser(name))
+    _, options = _reader(builder.name, first if local else None, getattr(builder.config, "sep", None))
+    if local and files and _each_file_once(name, files) != files:
         return _guarded(name, datasets.load_dataset, builder.name, data_files=_each_file_once(name, files),
-                        streaming=streaming, **_reader_options(builder.name))
-    return _guarded(name, datasets.load_dataset, name, config, streaming=streaming, **_reader_options(builder.name))
+                        streaming=streaming, **options)
+    return _guarded(name, datasets.load_dataset, name, config, streaming=streaming, **options)
+
+
+def _saved_dataset(name: str) -> bool:
+    """Whether ``name`` is a folder written by ``Dataset.save_to_disk`` (one dataset, not a ``DatasetDict``, which
+    ``load_dataset`` reads split by split)."""
+    folder = Path(name).expanduser()
+    return (folder / "state.json").is_file() and not (folder / "dataset_dict.json").is_file()
+
+
+def _load_saved_dataset(name: str, streaming: bool) -> dict[str, AnyDataset]:
+    """A ``save_to_disk`` folder of one dataset, as the train split (--validation_split holds out part of it)."""
+    loaded = _guarded(name, datasets.load_from_disk, os.path.expanduser(name))["train"]
+    return {"train": loaded.to_iterable_dataset() if streaming else loaded}
 
 
 def _each_file_once(name: str, files: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -258,6 +299,10 @@ def _guarded(name: str, load: Any, *args: Any, **kwargs: Any) -> Any:
         cause = err.__cause__ or err
         if isinstance(cause, UndecodableText):
             raise cause from None
+        if isinstance(cause, CastError):  # datasets reads every file of a dataset with the first file's columns
+            raise ValueError(f"could not read dataset {name!r}: its files do not all have the same columns "
+                             f"({cause.details()}); give every file, train and validation alike, the same "
+                             "column names") from err
         raise ValueError(
             f"could not read dataset {name!r}: {type(cause).__name__}: {cause}. Is it empty or malformed?"
         ) from err
@@ -290,9 +335,9 @@ def locate_row(dataset: str, name: str, index: int) -> str:
 def _row_in_files(files: list[str], index: int) -> str | None:
     """"FILE row N" of row ``index`` of ``files`` read one after the other (None: past their end)."""
     for path in files:
-        builder = FILE_BUILDERS.get(Path(path).suffix.lower())
-        rows = len(datasets.load_dataset(builder, data_files=[path], split="train", **_reader_options(builder)))
+        reader, options = _reader(FILE_BUILDERS.get(Path(path).suffix.lower()), path)
+        rows = len(datasets.load_dataset(reader, data_files=[path], split="train", **options))
         if index < rows:
-            return f"{path}: {'data row' if builder == 'csv' else 'row'} {index + 1}"
+            return f"{path}: {'data row' if reader == 'csv' else 'row'} {index + 1}"
         index -= rows
     return None

@@ -105,7 +105,7 @@ def test_an_unsupported_file_is_described_not_blamed_on_the_hub(tmp_path, monkey
     Path(name).write_bytes(content)
     assert minitx(["train-tokenizer", "--dataset", name, "--vocab_size", "300", "--output_dir", "tok"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{name} {says}" in err[0] and ".txt, .json, .jsonl, .csv, .parquet" in err[0], err
+    assert len(err) == 1 and f"{name} {says}" in err[0] and ".txt, .json, .jsonl, .csv, .tsv, .parquet" in err[0], err
     assert "Hub" not in err[0] and not Path("tok").exists()
 
 
