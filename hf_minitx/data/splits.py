@@ -6,6 +6,7 @@ text; a stream carves by rows. A corpus too small to carve from raises ``TooSmal
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,8 @@ from datasets.fingerprint import Hasher
 
 from .documents import TEXT_CHUNK_CHARS, AnyDataset, rows_dataset, rows_from_lines
 from .preprocessing import DOC_END
+
+logger = logging.getLogger(__name__)
 
 VALIDATION_ALIASES = ("validation", "valid", "val", "dev")
 
@@ -51,6 +54,9 @@ def with_validation(
         return splits
     splits = dict(splits)
     check_not_empty(splits["train"], dataset, "train")
+    if "test" in splits:  # kept for the user's own scoring; training validates on a split of its own
+        logger.warning("note: %r has a test split, which training does not read; validation is carved from train "
+                       "(--validation_split). To validate on that text, name its file validation.* instead", dataset)
     if streaming:
         splits["train"], splits["validation"] = _carve_streaming(splits["train"], validation_split)
         for name, split in splits.items():

@@ -74,3 +74,14 @@ def test_a_dataset_saved_with_save_to_disk_is_the_train_split(tmp_path, streamin
     seen = [row for split in ("train", "validation") for row in corpus[split]]
     assert sorted(map(tuple, (r.values() for r in seen))) == sorted(PAIRS)
     assert len(list(corpus["validation"])) == 4
+
+
+def test_a_test_split_beside_train_is_said_to_be_left_out(tmp_path, caplog):
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    pairs_file(folder / "train.csv", ",")
+    (folder / "test.csv").write_text("source,target\n12,one two\n", encoding="utf-8")
+    with caplog.at_level("WARNING", logger="hf_minitx.data.splits"):
+        corpus = load_corpus(str(folder), task="seq2seq", validation_split=4)
+    assert "has a test split, which training does not read" in caplog.text
+    assert len(corpus["validation"]) == 4 and {"source": "12", "target": "one two"} not in list(corpus["validation"])
