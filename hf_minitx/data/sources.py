@@ -265,8 +265,8 @@ def _check_one_file_type(name: str) -> None:
     kinds = {FILE_BUILDERS[suffix] for suffix in found}
     if len(kinds) > 1:
         raise ValueError(f"folder {name!r} holds data files of several types ({', '.join(sorted(found))}), and only "
-                         "one type would be read; keep one type in the folder, or pass the files as a "
-                         "comma-separated list")
+                         "one type would be read; move the files of the other types out, or pass the files "
+                         "of one type as a comma-separated list or a glob")
 
 
 def _guarded(name: str, load: Any, *args: Any, **kwargs: Any) -> Any:

@@ -39,6 +39,7 @@ TASKS = ("copy", "reverse")
 # as `minitx train --lr_scheduler_type`
 SCHEDULES = ("inverse_sqrt", "constant_with_warmup", "cosine", "linear", "warmup_stable_decay")
 FIRST_TOKEN = 4  # ids below are special: 0 pad, 1 bos, 2 eos, 3 kept free
+MAX_TOY_LENGTH = 512  # longest sequence of a toy task: room for any study, not for a run of hours
 
 
 @dataclass
@@ -96,9 +97,17 @@ class ExperimentConfig:
             raise ValueError(f"vocab_size must exceed {FIRST_TOKEN + 1} (ids 0-3 are special), got {self.vocab_size}.")
         if not 1 <= self.min_length <= self.max_length:
             raise ValueError(f"Need 1 <= min_length <= max_length, got {self.min_length} and {self.max_length}.")
-        for name in ("steps", "batch_size", "warmup_steps", "eval_every", "log_every", "eval_examples"):
+        if self.max_length > MAX_TOY_LENGTH:
+            raise ValueError(f"max_length must be at most {MAX_TOY_LENGTH} (a toy task; attention grows with the "
+                             f"square of the length), got {self.max_length}.")
+        for name in ("steps", "batch_size", "eval_every", "log_every", "eval_examples"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be 0 (none) or more, got {self.warmup_steps}.")
+        if self.stop_at_exact_match is not None and not 0.0 < self.stop_at_exact_match <= 100.0:
+            raise ValueError(f"stop_at_exact_match is a percentage in (0, 100] (none: run all steps), got "
+                             f"{self.stop_at_exact_match}.")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}.")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
@@ -300,8 +309,9 @@ PRESETS: dict[str, ExperimentConfig] = {
     # reaches 100% exact match in well under a minute on a 2-core CPU
     "copy": ExperimentConfig(task="copy"),
     "reverse": ExperimentConfig(task="reverse", steps=1000),
-    # the paper's weight scale (std 1/sqrt(64)), 6 layers a side, no warmup (cosine decay from the peak at
-    # step 1), no clipping: post-LN learns slowly (11-16% exact match after 500 steps), pre-LN reaches ~100%
+    # the paper's weight scale (std 1/sqrt(64)), 6 layers a side, a warmup of one step (the first step at rate
+    # 0, cosine decay from the peak at step 1), no clipping: post-LN learns slowly (11-16% exact match after
+    # 500 steps), pre-LN reaches ~100%
     "norm-position": ExperimentConfig(
         task="reverse", num_layers=6, steps=500, learning_rate=1e-3, schedule="cosine", warmup_steps=1,
         max_grad_norm=None, initializer_range=0.125, stop_at_exact_match=None,
@@ -355,7 +365,11 @@ def _convert(name: str, values: list[str]) -> list:
         except ArgumentTypeError:
             raise ValueError(f"--compare {name}: values must be true or false, got {values}") from None
     convert = float if name in NONE_FIELDS else kind if kind in (int, float, str) else str
-    return [None if name in NONE_FIELDS and v.lower() == "none" else convert(v) for v in values]
+    try:
+        return [None if name in NONE_FIELDS and v.lower() == "none" else convert(v) for v in values]
+    except ValueError:
+        raise ValueError(f"--compare {name}: values must be {'numbers' if convert is float else 'whole numbers'}"
+                         f"{' or none' if name in NONE_FIELDS else ''}, got {values}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -370,6 +384,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args, config = parse_arguments([ExperimentArguments, ExperimentConfig], argv, prog="minitx experiment",
                                    defaults=defaults, description=__doc__.split("\n\n")[0])
     config = replace(config, **nones)  # re-run the checks with the `none` values in place
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be 1 or more, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.compare is None:

@@ -44,6 +44,8 @@ from .model_reading import (  # noqa: E402
 )
 
 ATTENTION_CMAP = "viridis"
+MAX_PICTURE_POSITIONS = 4096  # positions (and dimensions) a positions picture draws: (length, length) similarities
+MAX_MASK_POSITIONS = 512  # a mask picture draws one cell per pair of positions
 
 PathLike = str | Path
 
@@ -101,7 +103,10 @@ def attention_weights(
     config = model.config
     if not config.is_encoder_decoder:
         if text is None or source is not None or target is not None:
-            raise ValueError("A decoder-only model takes text=...; source/target are for encoder-decoder models.")
+            raise ValueError("A decoder-only model reads one text (--text, or text=...)"
+                             + (": it is missing" if text is None else "")
+                             + ("; a source and a target (--source/--target) are for encoder-decoder models"
+                                if source is not None or target is not None else ""))
         ids = encode_text(text, tokenizer, config)
         check_fits_positions("--text", ids, config)
         out = model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
@@ -109,7 +114,12 @@ def attention_weights(
         return {"self": _stack(out.attentions, "self-attention"), "labels": {"self": (tokens, tokens)}}
 
     if source is None or target is None or text is not None:
-        raise ValueError("An encoder-decoder model takes source=... and target=... (not text=...).")
+        missing = [name for name, value in (("--source", source), ("--target", target)) if value is None]
+        raise ValueError("An encoder-decoder model reads a source and a target (--source and --target, or "
+                         "source=... and target=...)"
+                         + (f": {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing" if missing
+                            else "")
+                         + ("; a single text (--text) is for decoder-only models" if text is not None else ""))
     eos = config.eos_token_id
     source_ids = encode_text(source, tokenizer, config) + [eos]
     labels = encode_text(target, tokenizer, config) + [eos]
@@ -223,8 +233,12 @@ def plot_positions(
     head_dim = dim if head_dim is None else head_dim
     if dim <= 0 or dim % 2 or head_dim <= 0 or head_dim % 2:
         raise ValueError(f"dim and head_dim must be positive even numbers, got dim={dim}, head_dim={head_dim}.")
-    if length < 2:
-        raise ValueError(f"length must be at least 2 positions, got {length}.")
+    if not 2 <= length <= MAX_PICTURE_POSITIONS or dim > MAX_PICTURE_POSITIONS:
+        raise ValueError(f"length must be 2 to {MAX_PICTURE_POSITIONS} positions and dim at most "
+                         f"{MAX_PICTURE_POSITIONS} (a picture, not a model), got length={length}, dim={dim}.")
+    if not rope_theta > 1:
+        raise ValueError(f"rope_theta must be greater than 1 (the base of the rotation wavelengths; 10000 in "
+                         f"RoPE), got {rope_theta:g}.")
     if curves is None:  # a fast, a middle and a slow pair (sin and cos of each)
         curves = sorted({0, 1, 2 * (dim // 16), 2 * (dim // 16) + 1, 2 * (dim // 4), 2 * (dim // 4) + 1})
     bad = [c for c in curves if not 0 <= c < dim]
@@ -282,8 +296,8 @@ def plot_masks(length: int = 10, out: PathLike = "masks.png", *, num_padding: in
     layer applies: causal and not padding, plus each query's own position so no row is empty).
     """
     check_png_path(out)
-    if length < 2:
-        raise ValueError(f"length must be at least 2, got {length}.")
+    if not 2 <= length <= MAX_MASK_POSITIONS:
+        raise ValueError(f"length must be 2 to {MAX_MASK_POSITIONS} (one cell per pair of positions), got {length}.")
     if not 0 <= num_padding < length:
         raise ValueError(f"num_padding must be in [0, {length}) so at least one real token remains, got {num_padding}.")
     attention_mask = torch.ones(1, length, dtype=torch.long)

@@ -65,8 +65,8 @@ class DataArguments:
     validation_split: float = field(
         default=0.05,
         metadata={"help": "Validation carved from train when the corpus has none: a fraction (0.05), or a whole "
-                          "number N of samples (with --streaming: a fraction 1/k takes every k-th row, N the first N "
-                          "rows)."},
+                          "number N of samples (with --streaming: a fraction takes every k-th row, k = 1/fraction, so "
+                          "0.2 takes every 5th; N the first N rows)."},
     )
     sample_by: Literal["document", "paragraph", "line"] = field(
         default="document",

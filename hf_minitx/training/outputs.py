@@ -42,6 +42,8 @@ def read_metrics(run_dir: str | Path) -> dict[str, np.ndarray]:
     """
     path = Path(run_dir)
     path = path / METRICS_FILE if path.is_dir() else path
+    if not Path(run_dir).exists():
+        raise FileNotFoundError(f"{run_dir} does not exist; pass a training output folder (it holds metrics.jsonl).")
     if not path.is_file():
         raise FileNotFoundError(f"No metrics file at {path}; pass a training output folder that holds metrics.jsonl.")
     train, evals = [], []

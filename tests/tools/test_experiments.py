@@ -67,8 +67,9 @@ def test_inverse_sqrt_schedule_warms_up_then_decays():
 @pytest.mark.parametrize("kwargs, match", [
     ({"task": "sort"}, "task"), ({"schedule": "step"}, "schedule"), ({"vocab_size": 5}, "vocab_size"),
     ({"min_length": 6, "max_length": 3}, "min_length"), ({"label_smoothing": 1.0}, "label_smoothing"),
-    ({"steps": 0}, "steps"),
-    ({"initializer_range": 0.0}, "initializer_range"),
+    ({"steps": 0}, "steps"), ({"warmup_steps": -1}, "warmup_steps must be 0 \\(none\\) or more"),
+    ({"initializer_range": 0.0}, "initializer_range"), ({"max_length": 100_000}, "max_length must be at most 512"),
+    ({"stop_at_exact_match": 150.0}, "a percentage in \\(0, 100\\]"),
 ])
 def test_bad_settings_are_explained(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -148,6 +149,13 @@ def test_cli_overrides_and_compare(tmp_path, capsys):
     assert "exact match" in capsys.readouterr().out
     with pytest.raises(ValueError, match="at least two values"):
         cli.main(["--compare", "norm_position", "pre"])
+    for argv, said in ((["--compare", "hidden_size", "32", "abc"], r"hidden_size: values must be whole numbers, got "
+                                                                   r"\['32', 'abc'\]"),
+                       (["--compare", "max_grad_norm", "1", "x"], "max_grad_norm: values must be numbers or none"),
+                       (["--threads", "0"], "--threads must be 1 or more")):
+        with pytest.raises(ValueError, match=said):
+            cli.main([*argv, "--output_dir", str(tmp_path / "refused")])
+    assert not (tmp_path / "refused").exists()
 
 
 @pytest.mark.slow

@@ -108,10 +108,16 @@ def test_attention_from_a_saved_folder_with_tokenizer(tmp_path):
 
 
 def test_attention_bad_input_is_explained(causal_model, seq2seq_model, tmp_path):
-    with pytest.raises(ValueError, match="source=... and target"):
+    with pytest.raises(ValueError, match=r"reads a source and a target \(--source and --target.*--source and "
+                                         r"--target are missing; a single text \(--text\) is for decoder-only"):
         viz.plot_attention(seq2seq_model, text="4 5", out=tmp_path / "x.png")
-    with pytest.raises(ValueError, match="decoder-only model takes text"):
+    with pytest.raises(ValueError, match=r"a source and a target .*: --target is missing$"):
+        viz.plot_attention(seq2seq_model, source="4 5", out=tmp_path / "x.png")
+    with pytest.raises(ValueError, match=r"decoder-only model reads one text \(--text, or text=...\): it is missing; "
+                                         "a source and a target"):
         viz.plot_attention(causal_model, source="4", target="5", out=tmp_path / "x.png")
+    with pytest.raises(ValueError, match=r"decoder-only model reads one text \(--text, or text=...\): it is missing$"):
+        viz.plot_attention(causal_model, out=tmp_path / "x.png")
     with pytest.raises(ValueError, match="whitespace-separated token ids"):
         viz.plot_attention(causal_model, text="hello world", out=tmp_path / "x.png")
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
@@ -146,6 +152,8 @@ def test_positions_table_similarity_and_rotary(tmp_path):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"dim": 15}, "even"), ({"length": 1}, "length"), ({"dim": 8, "curves": (9,)}, "outside"),
+    ({"length": 100_000}, "length must be 2 to 4096 positions"), ({"dim": 100_000}, "dim at most 4096"),
+    ({"rope_theta": 0.0}, "rope_theta must be greater than 1"), ({"rope_theta": -1.0}, "rope_theta"),
 ])
 def test_positions_bad_input(kwargs, match, tmp_path):
     with pytest.raises(ValueError, match=match):
@@ -163,6 +171,8 @@ def test_masks_are_triangular_and_hide_padding(tmp_path):
     assert png_size(out) == (1300, 480)
     with pytest.raises(ValueError, match="num_padding"):
         viz.plot_masks(4, tmp_path / "m.png", num_padding=4)
+    with pytest.raises(ValueError, match="length must be 2 to 512"):
+        viz.plot_masks(100_000, tmp_path / "m.png")
 
 
 # --- parameters ----------------------------------------------------------------------------------
@@ -234,8 +244,10 @@ def test_training_curves_side_by_side(tmp_path):
 
 
 def test_training_bad_input(tmp_path):
-    with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
+    with pytest.raises(FileNotFoundError, match="No metrics file at .*metrics.jsonl"):
         viz.plot_training(tmp_path, tmp_path / "c.png")
+    with pytest.raises(FileNotFoundError, match="nonexistent does not exist; pass a training output folder"):
+        viz.plot_training(tmp_path / "nonexistent", tmp_path / "c.png")
     (tmp_path / "metrics.jsonl").write_text('{"type": "train", "step": 1, "loss": 1.0}\nnot json\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl:2"):
         viz.plot_training(tmp_path, tmp_path / "c.png")
