@@ -182,7 +182,19 @@ def find_subcommand(name: str) -> Subcommand:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `minitx` and `python -m hf_minitx`; returns the exit code."""
+    """Entry point of `minitx` and `python -m hf_minitx`; returns the exit code. Output read by a program that
+    stops early (`minitx --help | head -3`) ends quietly, as other command-line tools do, not in a traceback."""
+    try:
+        code = dispatch(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left for the exit's own flush
+        return 1
+    return code
+
+
+def dispatch(argv: Sequence[str] | None = None) -> int:
+    """The subcommand named first in `argv` (default: the command line), run through `run_cli`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())

@@ -113,3 +113,13 @@ def test_top_level_help_imports_neither_torch_nor_transformers(args):
     imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines() if "|" in line}
     assert "hf_minitx" in imported and not {"torch", "transformers", "datasets"} & imported
     assert ("subcommands:" in done.stdout) if args != ["--version"] else done.stdout.startswith("hf_minitx ")
+
+
+def test_output_into_a_pipe_closed_early_ends_quietly():
+    """`minitx --help | head -1`: the reader closes the pipe; the command must not end in a traceback."""
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before the first line is written
+    done = subprocess.run([sys.executable, "-m", "hf_minitx", "--help"], stdout=write, stderr=subprocess.PIPE,
+                          text=True, timeout=120)
+    os.close(write)
+    assert done.stderr == "" and done.returncode == 1

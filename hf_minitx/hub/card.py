@@ -236,11 +236,13 @@ def render_model_card(
     repo_id: str | None = None,
     license: str = "apache-2.0",
     template_path: str | Path | None = None,
+    name: str | None = None,
 ) -> str:
     """Render the model card of a saved model folder as README.md text (YAML metadata + Markdown).
 
     Needs config.json; training_summary.json, the weights and the tokenizer files add their parts when
-    present. `repo_id` (e.g. "user/name") goes into the usage snippets; the folder name otherwise.
+    present. `repo_id` (e.g. "user/name") goes into the usage snippets; `name` (a copy's source folder) or the
+    folder's own name otherwise.
     """
     folder = Path(model_dir)
     config = _read_json(folder / "config.json")
@@ -251,7 +253,7 @@ def render_model_card(
     if summary is not None and summary.get("task") not in (None, kind):
         raise ModelFolderError(f"{folder / 'training_summary.json'} says task={summary.get('task')!r} but "
                                f"config.json describes a {kind} model.")
-    name = repo_id.split("/")[-1] if repo_id else folder.resolve().name
+    name = repo_id.split("/")[-1] if repo_id else name or folder.resolve().name
     metrics = _finite_metrics(summary)
     recorded = [s for s in ((summary or {}).get("sample_generations") or [])[:5] if isinstance(s, dict)]
     samples = [{"prompt": sanitize(s.get("prompt", "")), "output": sanitize(s.get("output", ""))} for s in recorded]

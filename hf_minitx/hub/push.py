@@ -170,7 +170,8 @@ def _stage(info: ModelFolderInfo, staging: Path, *, repo_id: str | None, license
         shutil.copy2(info.path / name, staging / name)
     if explorer is not None:
         shutil.copy2(explorer, staging / EXPLORER_FILE)
-    text = render_model_card(staging, repo_id=repo_id, license=license)
+    # named after the model's folder, not the hidden folder the copy is written in before it takes its place
+    text = render_model_card(staging, repo_id=repo_id, license=license, name=info.path.resolve().name)
     check_model_card(text)
     (staging / CARD_FILE).write_text(text, encoding="utf-8")
 

@@ -55,6 +55,12 @@ def test_stage_copies_exactly_the_shareable_files(causal_copy, tmp_path):
         stage_for_upload(causal_copy, staging)
 
 
+def test_a_card_staged_without_a_repo_id_is_named_after_the_model_folder(causal_copy, tmp_path):
+    card = (stage_for_upload(causal_copy, tmp_path / "stage") / "README.md").read_text()
+    assert f"\n# {causal_copy.name}\n" in card and f'"your-username/{causal_copy.name}"' in card
+    assert ".partial" not in card  # not the hidden folder the copy was written in
+
+
 def test_push_shares_an_explorer_page_on_request_and_the_card_links_it(causal_copy, tmp_path, capsys):
     from hf_minitx.cli import main as minitx
 
