@@ -105,12 +105,13 @@ def train_on_pattern(model, steps: int = 150):
 # Run the training, and SIGKILL the process right after its first checkpoint is complete (kill -9).
 KILL_AFTER_FIRST_CHECKPOINT = """
 import os, signal, sys
+import hf_minitx.training.checkpoints as checkpoints
 import hf_minitx.training.loop as loop
-original = loop.rotate_checkpoints
+original = checkpoints.rotate_checkpoints
 def rotate_then_die(*args, **kwargs):
     original(*args, **kwargs)
     os.kill(os.getpid(), signal.SIGKILL)
-loop.rotate_checkpoints = rotate_then_die
+checkpoints.rotate_checkpoints = rotate_then_die
 loop.main(sys.argv[1:])
 """
 

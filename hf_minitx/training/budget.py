@@ -12,6 +12,9 @@ become a number of steps before the decay can be placed. The run's own steps are
                                 after the step from which steps cost more (``slower_from``: late dropout) when
                                 that step lies before the decay, so the plan prices the steps it has left
     at REPLAN_AT                the final plan, fixed once
+    every GUARD_FRACTION        from the first plan until its decay begins, the pace is checked: a machine that
+    of the plan                 slowed down so much that the plan would end past the budget gets a shorter final
+                                plan at its new pace (``slower_plan``), so the decay still ends before the clock
 
 Every process measures and the mean is taken (one reduce), so all agree. The plan is recorded in every
 checkpoint (``RunState.planned_steps``) and in training_summary.json: a resumed run continues the same plan (see
@@ -19,8 +22,8 @@ checkpoint (``RunState.planned_steps``) and in training_summary.json: a resumed 
 ``--max_steps planned_steps`` repeats the run without a clock, bit for bit (the rates of the steps timed before
 the plan was final do not depend on the length). Schedules whose rate depends on the length from the first step
 after warmup (cosine, linear) keep the first plan. The plan ends ``MARGIN`` before the budget; the clock stays a
-safety cap ``GRACE`` after it: a machine that slows down more than that mid-run is stopped there, and the summary
-says so.
+safety cap ``GRACE`` after it: a machine that slows down more than that during the decay (which is never
+moved) is stopped there, and the summary says so.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ GRACE = 0.02  # of the budget: the clock's cap lies this far past it, so that a 
 LENGTH_FREE_SCHEDULES = ("warmup_stable_decay", "constant_with_warmup")  # their rate before the decay needs no length
 MIN_WINDOW = 50  # steps: a second timing after ``slower_from`` needs at least these before the decay
 SHORTER = 0.25  # a second timing after ``slower_from`` ends early enough for a final plan this much shorter
+GUARD_FRACTION = 0.05  # of the plan: the pace is checked over windows this long (at least probe_steps) until the decay
 
 
 def length_cap(max_steps: int | None, num_epochs: float | None, batches_per_epoch: int | None,
@@ -72,6 +76,8 @@ class TimeBudget:
     first_fraction: float | None = None  # the smallest of --eval_steps/--checkpointing_steps in (0, 1): placed on
     # the final plan, so the second timing ends before that fraction of the run (unless it waits for slower_from)
     slower_from: int | None = None  # the step from which steps cost more (--late_dropout switches dropout on)
+    shortened_at: int | None = None  # the step where a machine slower than timed got a shorter plan (slower_plan)
+    span_ratio: float = 1.0  # what the guard times of a step (``Probe.spans``) over what the plan times of it
 
     @property
     def fixed(self) -> bool:
@@ -105,12 +111,14 @@ class TimeBudget:
             return 0
         return math.floor(1 / self.eval_steps) if self.eval_steps < 1 else steps // int(self.eval_steps)
 
-    def steps_that_fit(self, done: int, elapsed: float, step_seconds: float, eval_seconds: float) -> int:
-        """The ``done`` steps plus those that fit in the budget left after ``elapsed`` seconds, each costing
-        ``step_seconds``, with the evaluations to come costing ``eval_seconds`` each."""
-        left, per_step = self.seconds * (1.0 - MARGIN) - elapsed, step_seconds
+    def steps_that_fit(self, done: int, elapsed: float, step_seconds: float, eval_seconds: float,
+                       margin: float = MARGIN, evaluated: int = 0) -> int:
+        """The ``done`` steps plus those that fit in the budget, less ``margin`` of it, left after ``elapsed``
+        seconds, each costing ``step_seconds``, with the evaluations to come costing ``eval_seconds`` each
+        (``evaluated``: how many of a fixed number were made already)."""
+        left, per_step = self.seconds * (1.0 - margin) - elapsed, step_seconds
         if self.eval_steps and self.eval_steps < 1:  # a fixed number of evaluations, whatever the length
-            left -= self.evaluations(0) * eval_seconds
+            left -= max(0, self.evaluations(0) - evaluated) * eval_seconds
         elif self.eval_steps:  # one every eval_steps steps
             per_step += eval_seconds / self.eval_steps
         steps = done + max(0, math.floor(left / max(per_step, 1e-9)))
@@ -152,6 +160,32 @@ class TimeBudget:
                 first, last = later, end
         return first, last
 
+    def guard_window(self, step: int, settle: int = 0) -> Probe | None:
+        """The next window of steps whose pace checks the plan (after ``settle`` untimed steps: a start or a
+        resume); None without a plan, for a schedule whose rate depends on the length from the start (a shorter
+        plan would change rates already trained with), or where the window would reach the decay (never moved)."""
+        if self.planned_steps is None or self.decay_ratio is None:
+            return None
+        last = step + settle + max(self.probe_steps, round(GUARD_FRACTION * self.planned_steps))
+        return Probe(first_timed=step + settle, last=last) if last < self.decay_from else None
+
+    @property
+    def decay_from(self) -> float:
+        """The step the plan's decay begins at (the end, for a schedule without one)."""
+        return self.planned_steps * (1.0 - (self.decay_ratio or 0.0))
+
+    def slower_plan(self, done: int, elapsed: float, step_seconds: float) -> int | None:
+        """A shorter plan for steps that now cost ``step_seconds``: None while the plan still ends inside the budget
+        the clock runs to (its margin spent, not more: a resume with a longer --max_minutes has that much more);
+        else the steps that fit at that pace, before the margin, as a new plan laid from ``done`` would take them
+        (``plan`` keeps the decay ahead of ``done``)."""
+        eval_seconds, room = self.seconds_per_evaluation or 0.0, self.minutes * 60 / self.seconds  # the clock's budget
+        fraction = self.eval_steps is not None and self.eval_steps < 1  # evaluations at fractions of the plan
+        evaluated = done // every(self.eval_steps, self.planned_steps) if fraction else 0
+        if self.planned_steps <= self.steps_that_fit(done, elapsed, step_seconds, eval_seconds, 1.0 - room, evaluated):
+            return None
+        return self.steps_that_fit(done, elapsed, step_seconds, eval_seconds, 1.0 - room * (1.0 - MARGIN), evaluated)
+
     def second_window(self, step: int) -> Probe:
         """The steps timed for the final plan, of a run at ``step`` with a first plan."""
         first, last = self.final_window(self.planned_steps)
@@ -164,13 +198,15 @@ class TimeBudget:
                 "seconds_per_evaluation": _round(self.seconds_per_evaluation), "step_cap": self.step_cap,
                 "planned_steps": self.planned_steps, "steps_run": steps_run, "train_seconds": round(train_seconds, 2),
                 "ended_by": "clock" if stopped_by_clock else "plan",
+                **({"shortened_at_step": self.shortened_at} if self.shortened_at is not None else {}),
                 **({"planned_for_minutes": round(self.planned_for_minutes, 4)} if self.planned_for_minutes else {})}
 
     def timing(self) -> dict[str, Any]:
         """What a checkpoint records of the budget (``RunState.plan_timing``), from the first step on: a resume
         without --max_minutes goes on with it, one with another --max_minutes is checked against it."""
         return {"budget_minutes": self.seconds / 60, "seconds_per_step": self.seconds_per_step,
-                "seconds_per_evaluation": self.seconds_per_evaluation, "step_cap": self.step_cap}
+                "seconds_per_evaluation": self.seconds_per_evaluation, "step_cap": self.step_cap,
+                "shortened_at": self.shortened_at, "span_ratio": self.span_ratio}
 
 
 def resumed_budget(args: Any, saved: dict[str, Any], checkpoint: Any) -> None:
@@ -235,6 +271,7 @@ class Probe:
     first_timed: int  # steps after this one are timed
     last: int  # the plan is made after this step
     seconds: float = 0.0
+    spans: float = 0.0  # the same steps as the guard times them (``TimeBudget.span_ratio``)
 
     @classmethod
     def window(cls, budget: TimeBudget, step: int) -> Probe | None:
@@ -245,15 +282,20 @@ class Probe:
             return cls(first_timed=step + TIMED_FROM, last=step + budget.probe_steps)
         return budget.second_window(step)
 
-    def timed(self, step: int, seconds: float) -> bool:
-        """Count the ``seconds`` of ``step``; True once the window's last step is done."""
+    def timed(self, step: int, seconds: float, span: float = 0.0) -> bool:
+        """Count the ``seconds`` (and the guard's ``span``) of ``step``; True once the window's last step is done."""
         if step > self.first_timed:
             self.seconds += seconds
+            self.spans += span
         return step >= self.last
 
     @property
     def seconds_per_step(self) -> float:
         return self.seconds / max(1, self.last - self.first_timed)
+
+    @property
+    def span_per_step(self) -> float:
+        return self.spans / max(1, self.last - self.first_timed)
 
 
 def every(value: float | None, total_steps: int) -> int | None:

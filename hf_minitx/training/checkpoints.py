@@ -1,5 +1,5 @@
-"""Checkpoint folders (``checkpoint-STEP/``): finding, validating (every file read before any work, a damaged
-one named) and rotating them."""
+"""Checkpoint folders (``checkpoint-STEP/``): writing (``save_checkpoint``), finding, validating (every file read
+before any work, a damaged one named) and rotating them."""
 
 from __future__ import annotations
 
@@ -8,16 +8,20 @@ import os
 import re
 import shutil
 import sys
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
 
 from ..data.corpus import dataset_key
-from ..data.streaming import load_stream_state
-from ..folders import RUN_MARKER, check_marker, free_mib, holds_run_files, write_errno
+from ..data.streaming import load_stream_state, save_stream_position
+from ..folders import PARTIAL_SUFFIX, RUN_MARKER, check_marker, free_mib, holds_run_files, write_errno
 from .outputs import SUMMARY_FILE
+
+if TYPE_CHECKING:
+    from .state import RunState, TrainingRun
 
 CHECKPOINT_PREFIX = "checkpoint-"
 RUN_STATE_FILE = "run_state.json"
@@ -334,3 +338,38 @@ def write_failure(error: BaseException, where: Path, output_dir: Path) -> BaseEx
               f"{' plus --overwrite_output_dir' if output_dir.is_dir() and holds_run_files(output_dir) else ''}")
     return OSError(f"cannot write {where.parent} ({reason}; {free / 2**20:,.0f} MiB free there); the unfinished "
                    f"{where.name} was removed and {resume}")
+
+
+def save_checkpoint(run: TrainingRun, state: RunState, stream_state: dict[str, Any] | None = None) -> Path:
+    """Accelerator state (model, optimizer, scheduler, every process's RNG), the RunState and, streaming, the
+    stream position (``stream_state``, or where the stream stands now); the oldest checkpoints are rotated.
+
+    Everything is written into a hidden ``.checkpoint-STEP.partial`` folder that is renamed once complete,
+    so a kill at any moment leaves no half-written ``checkpoint-STEP``; a full disk removes it and is one
+    error naming the folder and its free space.
+    """
+    accelerator, path = run.accelerator, run.output_dir / f"{CHECKPOINT_PREFIX}{state.step}"
+    partial = path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
+    if accelerator.is_main_process:
+        shutil.rmtree(partial, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    try:
+        accelerator.save_state(str(partial), safe_serialization=False)  # every process saves its RNG state
+        if run.stream is not None:  # and, streaming, its position in the stream
+            save_stream_position(stream_state or run.stream.state_dict(), partial, accelerator.process_index)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            if run.best is not None:
+                run.best.save(partial)
+            write_run_state(partial, {**run.checkpoint_fields, "total_steps": run.settings.total_steps,
+                                      **asdict(state)})
+    except (OSError, RuntimeError) as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise write_failure(error, partial, run.output_dir) from None
+    if accelerator.is_main_process:
+        if path.exists():  # a checkpoint of an earlier session at the same step
+            shutil.rmtree(path)
+        partial.rename(path)
+        rotate_checkpoints(run.output_dir, run.settings.save_total_limit)
+    accelerator.wait_for_everyone()
+    return path

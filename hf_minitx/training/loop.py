@@ -5,7 +5,7 @@
       train_step       forward, token-summed loss, backward, clipping, the NaN guard, the optimizer step
       log_train        a train record in metrics.jsonl every logging_steps
       validate         the run's evaluation, an eval record
-      save_checkpoint  accelerator state + run_state.json (the RunState) in checkpoint-STEP/
+      save_checkpoint  (checkpoints.py) accelerator state + run_state.json (the RunState) in checkpoint-STEP/
     finish           (end_of_run.py) the summary, the model folder, the loss curve, the model card (and the push)
 
 Runs as ``minitx train ...`` or ``accelerate launch --num_processes N -m hf_minitx train ...``. The toy
@@ -21,10 +21,9 @@ stop signals in ``signals.py``, the run's length and time-budget plan in ``run_l
 from __future__ import annotations
 
 import math
-import shutil
 import signal
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -33,25 +32,18 @@ from tqdm.auto import tqdm
 
 from ..cli import EXIT_INTERRUPTED, Interrupted
 from ..data.corpus import UndecodableText
-from ..data.streaming import save_stream_position
 from ..device import random_state_kept
-from ..folders import PARTIAL_SUFFIX, lock_folder, output_path, unlock_folder
+from ..folders import lock_folder, output_path, unlock_folder
 from .arguments import DataArguments, ModelArguments, TrainArguments, parse_training_args
-from .budget import Probe
+from .budget import TIMED_FROM, Probe
 from .calibration import calibrate
-from .checkpoints import (
-    CHECKPOINT_PREFIX,
-    list_checkpoints,
-    rotate_checkpoints,
-    write_failure,
-    write_run_state,
-)
+from .checkpoints import CHECKPOINT_PREFIX, list_checkpoints, save_checkpoint
 from .end_of_run import finish, gathered_weights, keep_best, train_summary
 from .evaluation import chance_note
 from .outputs import CALIBRATED, append_metrics
 from .phases import continue_phases, past_first_phase
 from .run_folder import abandon_setup, lock_output_folder, release_unclaimed
-from .run_length import evaluation_passed, lay_plan, refuse_unplanned_budget, switch_on_late_dropout
+from .run_length import evaluation_passed, keep_pace, lay_plan, refuse_unplanned_budget, switch_on_late_dropout
 from .run_plan import AlreadyComplete, plan_run
 from .setup import setup
 from .shape_plan import planned_split
@@ -175,7 +167,7 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
     outcome, interval, evaluated_at = FitOutcome(), Interval.resumed(state.log_window), -1
     start, cpu_start = time.perf_counter() - state.train_seconds, time.process_time()
     untrained: dict[str, Any] | None = None
-    probe = None if run.budget is None else Probe.window(run.budget, state.step)
+    timing = PlanTiming.begin(run, state)
     if run.budget is not None and run.budget.fixed:
         state.planned_steps, state.plan_final = run.budget.planned_steps, True
     if run.budget is not None and state.plan_timing is None:  # every checkpoint says what budget it runs under
@@ -214,9 +206,8 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
                 evaluation_seconds = time.perf_counter() - begin
             if settings.checkpointing_steps and state.step % settings.checkpointing_steps == 0:
                 save_checkpoint(run, state)
-            if probe is not None and probe.timed(state.step, time.perf_counter() - step_start - evaluation_seconds):
-                probe, made = fix_plan(run, state, probe, time.perf_counter() - start,  # may evaluate once
-                                       evaluation_seconds if evaluated_at == state.step else None)
+            made, relaid = timing.after_step(run, state, (step_start, start), evaluation_seconds, evaluated_at)
+            if relaid:
                 evaluated_at, settings = max(evaluated_at, made), run.settings
                 progress.total = settings.total_steps
                 progress.refresh()
@@ -414,6 +405,44 @@ def evaluate_and_check_target(run: TrainingRun, state: RunState, outcome: FitOut
     return reached
 
 
+@dataclass
+class PlanTiming:
+    """A time budget's timing windows: the probe's (the first and the final plan, ``fix_plan``), which times a step
+    from its start to its end, less its evaluation, and the guard's (a shorter plan where the steps slowed down,
+    ``keep_pace``). The guard reads no clock of its own: it times each step's span between the two readings every
+    step makes (its start, and the run's clock after the optimizer step), which the probe times too, so that the
+    guard's pace converts to the plan's (``TimeBudget.span_ratio``)."""
+
+    probe: Probe | None = None
+    guard: Probe | None = None
+
+    @classmethod
+    def begin(cls, run: TrainingRun, state: RunState) -> PlanTiming:
+        if run.budget is None:
+            return cls()
+        return cls(Probe.window(run.budget, state.step), run.budget.guard_window(state.step, settle=TIMED_FROM))
+
+    def after_step(self, run: TrainingRun, state: RunState, starts: tuple[float, float], evaluation_seconds: float,
+                   evaluated_at: int) -> tuple[int, bool]:
+        """Count the step just made (``starts``: its start and the run's, on the clock) in the open windows, and
+        plan where one closes. Returns (the step of an evaluation the plan made here or -1, whether it changed)."""
+        if self.probe is None and self.guard is None:
+            return -1, False
+        step_start, start = starts
+        span = state.train_seconds - (step_start - start)  # drawing the window and the optimizer step
+        if self.probe is not None and self.probe.timed(state.step, time.perf_counter() - step_start
+                                                       - evaluation_seconds, span):
+            self.probe, made = fix_plan(run, state, self.probe, time.perf_counter() - start,  # may evaluate once
+                                        evaluation_seconds if evaluated_at == state.step else None)
+            self.guard = run.budget.guard_window(state.step)
+            return made, True
+        if self.guard is not None and self.guard.timed(state.step, span):
+            relaid = keep_pace(run, state, self.guard, time.perf_counter() - start)  # a shorter plan is final
+            self.probe, self.guard = None if relaid else self.probe, run.budget.guard_window(state.step)
+            return -1, relaid
+        return -1, False
+
+
 def fix_plan(run: TrainingRun, state: RunState, probe: Probe, elapsed: float,
              evaluated: float | None = None) -> tuple[Probe | None, int]:
     """Plan the time budget from the timed window: the figures agreed by every process (their mean); the first
@@ -422,9 +451,10 @@ def fix_plan(run: TrainingRun, state: RunState, probe: Probe, elapsed: float,
     (``lay_plan``). Returns (the next timing window or None once the plan is final, the step of an evaluation
     made here or -1)."""
     budget, accelerator = run.budget, run.accelerator
-    figures = torch.tensor([probe.seconds_per_step, elapsed], dtype=torch.float64,
+    figures = torch.tensor([probe.seconds_per_step, elapsed, probe.span_per_step], dtype=torch.float64,
                            device=accelerator.device)
-    step_seconds, elapsed = accelerator.reduce(figures, "mean").tolist()
+    step_seconds, elapsed, span = accelerator.reduce(figures, "mean").tolist()
+    budget.span_ratio = span / step_seconds if step_seconds > 0 and span > 0 else 1.0  # the guard's pace to the plan's
     evaluated_at, eval_seconds = -1, budget.seconds_per_evaluation or 0.0
     if budget.planned_steps is None and budget.evaluations(budget.steps_that_fit(state.step, elapsed, step_seconds, 0)):
         made_here = evaluated is None  # after ``elapsed`` was read (one made before it is in it)
@@ -444,41 +474,6 @@ def fix_plan(run: TrainingRun, state: RunState, probe: Probe, elapsed: float,
         return None, evaluated_at
     lay_plan(run, state, fitting, step_seconds, eval_seconds)
     return (None if budget.final else budget.second_window(state.step)), evaluated_at
-
-
-def save_checkpoint(run: TrainingRun, state: RunState, stream_state: dict[str, Any] | None = None) -> Path:
-    """Accelerator state (model, optimizer, scheduler, every process's RNG), the RunState and, streaming, the
-    stream position (``stream_state``, or where the stream stands now); the oldest checkpoints are rotated.
-
-    Everything is written into a hidden ``.checkpoint-STEP.partial`` folder that is renamed once complete,
-    so a kill at any moment leaves no half-written ``checkpoint-STEP``; a full disk removes it and is one
-    error naming the folder and its free space.
-    """
-    accelerator, path = run.accelerator, run.output_dir / f"{CHECKPOINT_PREFIX}{state.step}"
-    partial = path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
-    if accelerator.is_main_process:
-        shutil.rmtree(partial, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    try:
-        accelerator.save_state(str(partial), safe_serialization=False)  # every process saves its RNG state
-        if run.stream is not None:  # and, streaming, its position in the stream
-            save_stream_position(stream_state or run.stream.state_dict(), partial, accelerator.process_index)
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            if run.best is not None:
-                run.best.save(partial)
-            write_run_state(partial, {**run.checkpoint_fields, "total_steps": run.settings.total_steps,
-                                      **asdict(state)})
-    except (OSError, RuntimeError) as error:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise write_failure(error, partial, run.output_dir) from None
-    if accelerator.is_main_process:
-        if path.exists():  # a checkpoint of an earlier session at the same step
-            shutil.rmtree(path)
-        partial.rename(path)
-        rotate_checkpoints(run.output_dir, run.settings.save_total_limit)
-    accelerator.wait_for_everyone()
-    return path
 
 
 def main(argv: list[str] | None = None) -> Path:

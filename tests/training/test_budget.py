@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -116,25 +117,45 @@ def test_max_minutes_decays_to_the_final_rate_before_the_budget_ends(text_file, 
     assert f"{plan['planned_steps']:,} steps planned" in card and "Passes over the training data" in card
 
 
-@pytest.mark.slow
-def test_a_machine_slower_than_its_timing_is_stopped_by_the_clock_and_says_so(text_file, tmp_path, monkeypatch):  # noqa: F811
+def slowed_run(text_file: Path, out: Path, monkeypatch, slower: Callable[[TimeBudget, int], bool]) -> dict:  # noqa: F811
+    """A --max_minutes 0.1 run whose steps take 50% longer from the step where ``slower(budget, step)`` holds."""
     from hf_minitx.training import loop
 
-    clock = TickingClock(0.002)
-    real_step = loop.train_step
+    clock, real_step = TickingClock(0.002), loop.train_step
 
-    def slower_after_the_plan(run, state, *args):
-        if state.planned_steps and run.budget.fixed:
-            clock.tick = 0.003  # 50% slower once the plan is final
+    def slower_from_there(run, state, *args):
+        if state.planned_steps and slower(run.budget, state.step):
+            clock.tick = 0.003
         return real_step(run, state, *args)
 
     monkeypatch.setattr(loop, "time", clock)
-    monkeypatch.setattr(loop, "train_step", slower_after_the_plan)
+    monkeypatch.setattr(loop, "train_step", slower_from_there)
+    main(causal_args(text_file, out, "--max_minutes", "0.1", "--optimizer", "adamw", "--learning_rate", "3e-3"))
+    return summary_of(out)
+
+
+@pytest.mark.slow
+def test_a_machine_slower_than_its_timing_before_the_decay_gets_a_shorter_plan_that_decays(text_file, tmp_path,  # noqa: F811
+                                                                                          monkeypatch):
     out = tmp_path / "slowed"
-    main(causal_args(text_file, out, "--max_minutes", "0.1"))
-    plan = summary_of(out)["time_budget"]
+    summary = slowed_run(text_file, out, monkeypatch, lambda budget, step: budget.fixed)  # from the final plan on
+    plan, decay = summary["time_budget"], summary["recipe"]["schedule"]["decay_steps"]
+    assert plan["ended_by"] == "plan" and plan["steps_run"] == plan["planned_steps"] == summary["steps"]
+    assert plan["shortened_at_step"] < plan["planned_steps"] - decay  # before the decay, which it did not move
+    assert summary["train_seconds"] <= 6.0 and plan["seconds_per_step"] == pytest.approx(0.012, rel=0.05)
+    rates = [r["learning_rate"] for r in records(out, "train")]
+    assert rates[-1] <= 3e-3 / decay + 1e-12  # the last step ran at the decay's last rate
+    assert f"the plan was shortened at step {plan['shortened_at_step']:,}" in (out / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_machine_slower_than_its_timing_in_the_decay_is_stopped_by_the_clock_and_says_so(text_file, tmp_path,  # noqa: F811
+                                                                                          monkeypatch):
+    out = tmp_path / "slowed"
+    summary = slowed_run(text_file, out, monkeypatch, lambda budget, step: budget.fixed and step >= budget.decay_from)
+    plan = summary["time_budget"]
     assert plan["ended_by"] == "clock" and plan["steps_run"] < plan["planned_steps"]
-    assert 6.0 <= summary_of(out)["train_seconds"] <= 6.0 * (1 + GRACE) + 0.1
+    assert 6.0 <= summary["train_seconds"] <= 6.0 * (1 + GRACE) + 0.1
     assert "the clock stopped it first" in (out / "README.md").read_text()
 
 
@@ -384,3 +405,23 @@ def test_the_probe_times_an_evaluation_already_made_at_its_step_instead_of_makin
     evaluations = [r["step"] for r in records(out, "eval") if "temperature" not in r]
     assert evaluations == [10, 20, 30, 40]  # step 20, the probe's, is scored once
     assert summary_of(out)["time_budget"]["seconds_per_evaluation"] > 0  # and its time is the plan's figure
+
+
+def test_a_plan_that_no_longer_fits_gets_the_steps_that_fit_at_the_new_pace_before_its_decay():
+    budget = TimeBudget(100.0, decay_ratio=0.3, eval_steps=0.25)
+    budget.plan(20, budget.steps_that_fit(20, 2.0, 0.1, 1.0), 0.1, 1.0)  # a plan at 0.1 s a step
+    budget.plan(100, budget.steps_that_fit(100, 10.0, 0.1, 1.0), 0.1, 1.0)  # the final one
+    planned = budget.planned_steps
+    assert budget.slower_plan(300, 30.0, 0.1) is None  # on its pace
+    assert budget.slower_plan(300, 30.0, 0.102) is None  # slower, inside the margin
+    shorter = budget.slower_plan(300, 30.0, 0.2)  # twice as slow: what is left fits half the steps
+    left = 4 - 300 // every(0.25, planned)  # evaluations at quarters of the plan: those not yet made
+    assert left == 3 and shorter == 300 + math.floor((100 * (1 - MARGIN) - 30.0 - left * 1.0) / 0.2)
+    assert shorter < planned
+    window = budget.guard_window(300)
+    assert window.last - window.first_timed == max(budget.probe_steps, round(0.05 * planned))
+    assert budget.guard_window(math.ceil(budget.decay_from)) is None  # the decay is never moved
+    assert TimeBudget(100.0).guard_window(0) is None  # no plan yet
+    cosine = TimeBudget(100.0, decay_ratio=None)
+    cosine.plan(20, 900, 0.1, 0.0)
+    assert cosine.guard_window(20) is None  # its rates depend on the length from the start

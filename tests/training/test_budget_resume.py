@@ -13,7 +13,7 @@ import pytest
 from test_budget import TickingClock, summary_of
 from test_train import _fresh_accelerate_state, causal_args, records, text_file  # noqa: F401  (fixtures)
 
-from hf_minitx.training import loop
+from hf_minitx.training import checkpoints, loop
 from hf_minitx.training.budget import GRACE
 from hf_minitx.training.end_of_run import keep_best
 from hf_minitx.training.state import FitOutcome, RunState
@@ -37,19 +37,19 @@ def _reset_accelerate() -> None:
 def killed_run(text_file, tmp_path_factory) -> Path:  # noqa: F811
     """A --max_minutes 0.1 run killed right after its checkpoint at step 60, before its plan was final."""
     out = tmp_path_factory.mktemp("killed") / "run"
-    real_time, real_rotate = loop.time, loop.rotate_checkpoints
+    real_time, real_rotate = loop.time, checkpoints.rotate_checkpoints
 
     def rotate_then_die(*args, **kwargs):
         real_rotate(*args, **kwargs)
         raise Killed
 
-    loop.time, loop.rotate_checkpoints = TickingClock(TICK), rotate_then_die
+    loop.time, checkpoints.rotate_checkpoints = TickingClock(TICK), rotate_then_die
     try:
         _reset_accelerate()
         with pytest.raises(Killed):
             loop.main(causal_args(text_file, out, "--max_minutes", "0.1", "--checkpointing_steps", str(KILLED_AT)))
     finally:
-        loop.time, loop.rotate_checkpoints = real_time, real_rotate
+        loop.time, checkpoints.rotate_checkpoints = real_time, real_rotate
         _reset_accelerate()
     return out
 

@@ -164,8 +164,8 @@ def test_a_second_ctrl_c_during_the_final_save_still_completes_it(text_file, tmp
 FILL_THE_DISK = """
 import os, sys
 from pathlib import Path
-import hf_minitx.training.loop as loop
-real = loop.rotate_checkpoints
+import hf_minitx.training.checkpoints as checkpoints
+real = checkpoints.rotate_checkpoints
 def rotate_then_fill(output_dir, keep):
     done = real(output_dir, keep)
     if (Path(output_dir) / "checkpoint-4").is_dir():  # the disk is full from the last checkpoint on
@@ -177,7 +177,7 @@ def rotate_then_fill(output_dir, keep):
             except OSError:
                 pass
     return done
-loop.rotate_checkpoints = rotate_then_fill
+checkpoints.rotate_checkpoints = rotate_then_fill
 import hf_minitx.training.rescue as rescue
 rescue.rescue_places = lambda: [Path(os.environ["TEST_RESCUE"])]  # another disk, with room
 from hf_minitx.cli import main

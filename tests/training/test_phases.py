@@ -20,7 +20,7 @@ from test_shape_plan import SMALL, planned_args
 from test_train import _fresh_accelerate_state, text_file  # noqa: F401  (fixtures)
 from transformers import AutoModelForCausalLM
 
-from hf_minitx.training import loop, phases, shape_plan
+from hf_minitx.training import checkpoints, loop, phases, shape_plan
 from hf_minitx.training.arguments import TrainArguments
 from hf_minitx.training.distill import Distillation
 from hf_minitx.training.shape_plan import (
@@ -74,8 +74,8 @@ def run_in_phases(text_file: Path, out: Path, *extra: str, die_in: str | None = 
     CHECKPOINT_AT; ``die_in`` ("teacher" or "student"): killed right after that phase's checkpoint. Returns how
     many optimizer steps each phase trained, and in how many of them the KL term was computed: {(phase, "steps" or
     "kl"): count}."""
-    saved = (shape_plan.SHAPES, shape_plan.time_shape, loop.time, loop.rotate_checkpoints, Distillation.summed_loss,
-             loop.train_step)
+    saved = (shape_plan.SHAPES, shape_plan.time_shape, loop.time, checkpoints.rotate_checkpoints,
+             Distillation.summed_loss, loop.train_step)
     calls: Counter = Counter()
 
     def time_shape(settings, shape, *args):
@@ -105,13 +105,13 @@ def run_in_phases(text_file: Path, out: Path, *extra: str, die_in: str | None = 
         return real_train(model_args, data_args, train_args)
 
     shape_plan.SHAPES, shape_plan.time_shape = SMALL, time_shape
-    loop.time, loop.rotate_checkpoints, Distillation.summed_loss = TickingClock(TICK), rotate, summed_loss
+    loop.time, checkpoints.rotate_checkpoints, Distillation.summed_loss = TickingClock(TICK), rotate, summed_loss
     loop.train, loop.train_step = train, train_step
     try:
         _reset_accelerate()
         loop.main(planned_args(text_file, out, "--checkpointing_steps", str(CHECKPOINT_AT), *extra))
     finally:
-        (shape_plan.SHAPES, shape_plan.time_shape, loop.time, loop.rotate_checkpoints, Distillation.summed_loss,
+        (shape_plan.SHAPES, shape_plan.time_shape, loop.time, checkpoints.rotate_checkpoints, Distillation.summed_loss,
          loop.train_step) = saved
         loop.train = real_train
         _reset_accelerate()

@@ -13,7 +13,7 @@ from test_budget import TickingClock
 from test_budget_resume import Killed, _reset_accelerate
 from test_train import _fresh_accelerate_state, text_file  # noqa: F401  (fixtures)
 
-from hf_minitx.training import loop, shape_plan
+from hf_minitx.training import checkpoints, loop, shape_plan
 from hf_minitx.training.arguments import DataArguments, ModelArguments, TrainArguments
 from hf_minitx.training.shape_plan import (
     SHAPES,
@@ -135,19 +135,19 @@ def test_a_planned_run_records_its_choice_and_a_resume_keeps_it(text_file, tmp_p
     monkeypatch.setattr(shape_plan, "time_shape", lambda settings, shape, *a: (
         {16: 0.001, 32: 0.002, 48: 0.5}[shape.hidden], 1000 * shape.hidden))  # 48 wide: too slow for the budget
     out = tmp_path / "run"
-    real_time, real_rotate = loop.time, loop.rotate_checkpoints
+    real_time, real_rotate = loop.time, checkpoints.rotate_checkpoints
 
     def rotate_then_die(*args, **kwargs):
         real_rotate(*args, **kwargs)
         raise Killed
 
-    loop.time, loop.rotate_checkpoints = TickingClock(0.004), rotate_then_die
+    loop.time, checkpoints.rotate_checkpoints = TickingClock(0.004), rotate_then_die
     try:
         _reset_accelerate()
         with pytest.raises(Killed):
             loop.main(planned_args(text_file, out, "--checkpointing_steps", "30"))
     finally:
-        loop.time, loop.rotate_checkpoints = real_time, real_rotate
+        loop.time, checkpoints.rotate_checkpoints = real_time, real_rotate
         _reset_accelerate()
     state = json.loads((out / "checkpoint-30" / "run_state.json").read_text())
     assert state["shape_plan"]["chosen"] == "2 x 32"
