@@ -175,7 +175,7 @@ def _load_files(
         raise ValueError(f"dataset file(s) {empty} are empty: there is nothing to train on")
     if builder == "text":
         return _guarded(",".join(files), load_text_files, {"train": files}, streaming, sample_by, skip_bad_rows)
-    reader, options = _reader(builder, files[0])
+    reader, options = _reader(builder, files)
     return _guarded(",".join(files), datasets.load_dataset, reader, data_files={"train": files}, streaming=streaming,
                     **options)
 
@@ -183,29 +183,39 @@ def _load_files(
 CSV_AS_TEXT = {"keep_default_na": False, "na_values": [""]}  # "NA", "null", "nan", "N/A", "#N/A" stay text
 
 
-def _reader(builder: str, first_file: str | None = None, sep: str | None = None) -> tuple[str, dict[str, Any]]:
+def _reader(builder: str | None, files: list[str] | None = None, sep: str | None = None) -> tuple[str, dict[str, Any]]:
     """datasets' builder for one of FILE_BUILDERS' kinds, and its options. A CSV or TSV (datasets' ``csv`` with tab
-    separators) is read as text: every column of ``first_file``'s header a string, so that "149" stays "149" and
-    "1.50" stays "1.50", and only an empty cell is missing."""
+    separators and no quoting: a TSV cell is what lies between two tabs) is read as text: every column of the local
+    ``files``' header a string, so that "149" stays "149" and "1.50" stays "1.50", and only an empty cell is
+    missing. Local files whose headers differ are refused, naming two of them."""
     if builder not in ("csv", "tsv"):
         return builder, {}
     sep = sep or ("\t" if builder == "tsv" else ",")
-    options: dict[str, Any] = {**CSV_AS_TEXT, "sep": sep}
-    header = _csv_header(first_file, sep) if first_file else None
-    if header:
-        options["features"] = datasets.Features({name: datasets.Value("string") for name in header})
+    quoting = csv.QUOTE_NONE if sep == "\t" else csv.QUOTE_MINIMAL
+    options: dict[str, Any] = {**CSV_AS_TEXT, "sep": sep, "quoting": quoting}
+    headers = [(path, _csv_header(path, sep, quoting)) for path in files or []]
+    read = [(path, header) for path, header in headers if header is not None]
+    other = next(((path, header) for path, header in read[1:] if header != read[0][1]), None)
+    if other is not None:
+        raise ValueError(f"the files do not all have the same columns: {read[0][0]} has {read[0][1]}, {other[0]} "
+                         f"has {other[1]}; give every file, train and validation alike, the same header")
+    if headers and len(read) == len(headers):  # every header read, and all the same
+        options["features"] = datasets.Features({name: datasets.Value("string") for name in read[0][1]})
     return "csv", options
 
 
-def _csv_header(path: str, sep: str) -> list[str] | None:
-    """The column names of a local CSV file's first row; None where they cannot be read or repeat (pandas would
-    rename repeats: its own inference is kept then)."""
+def _csv_header(path: str, sep: str, quoting: int) -> list[str] | None:
+    """The column names of a local CSV file's first row, a blank one named as pandas names it ("Unnamed: 2");
+    None where they cannot be read, the first line is blank or names repeat (pandas renames repeats: its own
+    inference is kept then)."""
     try:
         with open(path, encoding="utf-8-sig", newline="") as handle:
-            header = next(csv.reader(handle, delimiter=sep), None)
-    except (OSError, UnicodeDecodeError):
+            header = next(csv.reader(handle, delimiter=sep, quoting=quoting), None)
+    except (OSError, UnicodeDecodeError, csv.Error):
         return None
-    return header if header and len(set(header)) == len(header) else None
+    if not header or len(set(header)) != len(header):
+        return None
+    return [name or f"Unnamed: {index}" for index, name in enumerate(header)]
 
 
 def _load_with_datasets(
@@ -220,9 +230,9 @@ def _load_with_datasets(
     files = {str(split): list(paths) for split, paths in (builder.config.data_files or {}).items()}
     if builder.name == "text" and files:
         return _guarded(name, load_text_files, _each_file_once(name, files), streaming, sample_by, skip_bad_rows)
-    first = next((paths[0] for paths in files.values() if paths), None)
     local = os.path.isdir(os.path.expanduser(name))
-    _, options = _reader(builder.name, first if local else None, getattr(builder.config, "sep", None))
+    every_file = [path for paths in files.values() for path in paths] if local else None
+    _, options = _reader(builder.name, every_file, getattr(builder.config, "sep", None))
     if local and files and _each_file_once(name, files) != files:
         return _guarded(name, datasets.load_dataset, builder.name, data_files=_each_file_once(name, files),
                         streaming=streaming, **options)
@@ -315,7 +325,9 @@ def locate_row(dataset: str, name: str, index: int) -> str:
     """"FILE row N" for row ``index`` of a split read from local files, else "row N of the NAME split of ..."."""
     files = None
     try:
-        if os.path.isdir(os.path.expanduser(dataset)):
+        if _saved_dataset(dataset):
+            files = None  # its arrow files are no rows a user can find
+        elif os.path.isdir(os.path.expanduser(dataset)):
             data_files = datasets.load_dataset_builder(dataset).config.data_files or {}
             aliases = VALIDATION_ALIASES if name == "validation" else (name,)
             files = next((list(paths) for split, paths in data_files.items() if str(split) in aliases), None)
@@ -335,7 +347,10 @@ def locate_row(dataset: str, name: str, index: int) -> str:
 def _row_in_files(files: list[str], index: int) -> str | None:
     """"FILE row N" of row ``index`` of ``files`` read one after the other (None: past their end)."""
     for path in files:
-        reader, options = _reader(FILE_BUILDERS.get(Path(path).suffix.lower()), path)
+        builder = FILE_BUILDERS.get(Path(path).suffix.lower())
+        if builder is None:  # not a data file a user wrote (an arrow cache)
+            return None
+        reader, options = _reader(builder, [path])
         rows = len(datasets.load_dataset(reader, data_files=[path], split="train", **options))
         if index < rows:
             return f"{path}: {'data row' if reader == 'csv' else 'row'} {index + 1}"

@@ -233,10 +233,11 @@ def plot_positions(
     head_dim = dim if head_dim is None else head_dim
     if dim <= 0 or dim % 2 or head_dim <= 0 or head_dim % 2:
         raise ValueError(f"dim and head_dim must be positive even numbers, got dim={dim}, head_dim={head_dim}.")
-    if not 2 <= length <= MAX_PICTURE_POSITIONS or dim > MAX_PICTURE_POSITIONS:
-        raise ValueError(f"length must be 2 to {MAX_PICTURE_POSITIONS} positions and dim at most "
-                         f"{MAX_PICTURE_POSITIONS} (a picture, not a model), got length={length}, dim={dim}.")
-    if not rope_theta > 1:
+    if not 2 <= length <= MAX_PICTURE_POSITIONS or max(dim, head_dim) > MAX_PICTURE_POSITIONS:
+        raise ValueError(f"length must be 2 to {MAX_PICTURE_POSITIONS} positions and dim and head_dim at most "
+                         f"{MAX_PICTURE_POSITIONS} (a picture, not a model), got length={length}, dim={dim}, "
+                         f"head_dim={head_dim}.")
+    if not 1 < rope_theta < math.inf:
         raise ValueError(f"rope_theta must be greater than 1 (the base of the rotation wavelengths; 10000 in "
                          f"RoPE), got {rope_theta:g}.")
     if curves is None:  # a fast, a middle and a slow pair (sin and cos of each)

@@ -8,6 +8,7 @@ fingerprints, the optimizer's recipe): checked here, before anything is read or 
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -287,7 +288,8 @@ def fingerprint_inputs(data_args: DataArguments) -> dict[str, str]:
     roots = local_inputs(data_args.dataset) + ([Path(data_args.tokenizer)] if data_args.tokenizer else [])
     files = [f for root in roots for f in (sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir()
                                            else [root])]
-    return {os.path.realpath(f): _fingerprint(f) for f in files}
+    # datasets writes its own cache-*.arrow files beside a save_to_disk folder's data: not the user's input
+    return {os.path.realpath(f): _fingerprint(f) for f in files if not fnmatch.fnmatch(f.name, "cache-*.arrow")}
 
 
 def _fingerprint(path: Path) -> str:

@@ -85,3 +85,36 @@ def test_a_test_split_beside_train_is_said_to_be_left_out(tmp_path, caplog):
         corpus = load_corpus(str(folder), task="seq2seq", validation_split=4)
     assert "has a test split, which training does not read" in caplog.text
     assert len(corpus["validation"]) == 4 and {"source": "12", "target": "one two"} not in list(corpus["validation"])
+
+
+def test_a_tsv_cell_is_what_lies_between_two_tabs_quotes_included(tmp_path):
+    path = tmp_path / "quotes.tsv"
+    cells = ['"Hi, he began', "second line", 'she said "stop" there', '"Hello," she said', '"a"b']
+    path.write_text("text\tlabel\n" + "".join(f"{cell}\t{i}\n" for i, cell in enumerate(cells * 8)), encoding="utf-8")
+    corpus = load_corpus(str(path), validation_split=None)
+    assert [row["text"] for row in corpus["train"]][:5] == cells
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("layout", ["list", "folder"])
+def test_csv_files_with_other_headers_are_named(tmp_path, layout, streaming):
+    one, two = ("train.csv", "validation.csv") if layout == "folder" else ("a.csv", "b.csv")
+    (tmp_path / one).write_text("text,label\n" + "a long enough line,1\n" * 30)
+    (tmp_path / two).write_text("text,other,label\n" + "another line,x,2\n" * 30)
+    dataset = str(tmp_path) if layout == "folder" else f"{tmp_path / one},{tmp_path / two}"
+    with pytest.raises(ValueError, match=rf"the files do not all have the same columns: .*{one} has \['text', "
+                                         rf"'label'\], .*{two} has \['text', 'other', 'label'\]"):
+        load_corpus(dataset, streaming=streaming, validation_split=4)
+
+
+def test_a_header_with_a_blank_name_loads_as_pandas_names_it(tmp_path):
+    path = tmp_path / "export.csv"  # a spreadsheet's trailing comma
+    path.write_text("text,label,\n" + "".join(f"{n},{n},x\n" for n in range(100, 140)))
+    corpus = load_corpus(str(path), validation_split=None)
+    assert [row["text"] for row in corpus["train"]] == [str(n) for n in range(100, 140)]
+
+
+def test_a_saved_dataset_with_a_row_without_text_is_named(tmp_path):
+    datasets.Dataset.from_dict({"text": ["some text"] * 40 + [None]}).save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(ValueError, match=r"row 41 of the train split of .*saved' has no text"):
+        load_corpus(str(tmp_path / "saved"), validation_split=None)

@@ -154,6 +154,7 @@ def test_positions_table_similarity_and_rotary(tmp_path):
     ({"dim": 15}, "even"), ({"length": 1}, "length"), ({"dim": 8, "curves": (9,)}, "outside"),
     ({"length": 100_000}, "length must be 2 to 4096 positions"), ({"dim": 100_000}, "dim at most 4096"),
     ({"rope_theta": 0.0}, "rope_theta must be greater than 1"), ({"rope_theta": -1.0}, "rope_theta"),
+    ({"rope_theta": float("inf")}, "rope_theta"), ({"head_dim": 200_000_000}, "head_dim at most 4096"),
 ])
 def test_positions_bad_input(kwargs, match, tmp_path):
     with pytest.raises(ValueError, match=match):

@@ -193,3 +193,18 @@ def test_a_moved_corpus_resumes_with_a_note_and_a_changed_one_is_still_refused(t
     out = capsys.readouterr().out
     assert f"note: {gone} is read from {project / 'corpus.txt'} now (the same size and content)" in out
     assert "resumed from" in out and (run / "checkpoint-4").is_dir()
+
+
+def test_datasets_own_cache_files_in_a_saved_dataset_are_no_input(tmp_path):
+    import datasets
+
+    from hf_minitx.training.arguments import DataArguments
+    from hf_minitx.training.run_plan import fingerprint_inputs
+
+    datasets.Dataset.from_dict({"text": ["some text"] * 20}).save_to_disk(str(tmp_path / "saved"))
+    args = DataArguments(dataset=str(tmp_path / "saved"))
+    before = fingerprint_inputs(args)
+    (tmp_path / "saved" / "cache-71d29c719e8f5df8.arrow").write_bytes(b"written by datasets' map")
+    assert fingerprint_inputs(args) == before and before  # a resume sees the same inputs
+    (tmp_path / "saved" / "notes.arrow").write_bytes(b"the user's")
+    assert fingerprint_inputs(args) != before
