@@ -112,8 +112,8 @@ def _budget_rows(summary: dict) -> list[tuple[str, str]]:
     budget = summary.get("time_budget") or {}
     if budget.get("planned_steps"):
         ended = "the plan ran to its end" if budget.get("ended_by") == "plan" else "the clock stopped it first"
-        if budget.get("shortened_at_step") is not None:
-            ended += f"; steps ran slower than timed, so the plan was shortened at step {budget['shortened_at_step']:,}"
+        if budget.get("replanned_at_step") is not None:
+            ended += f"; laid again at the steps' pace, last at step {budget['replanned_at_step']:,}"
         planned_for = (f" (planned for {budget['planned_for_minutes']:g} min before a resume)"
                        if budget.get("planned_for_minutes") else "")
         minutes = f"{budget['budget_minutes']:g} min"

@@ -12,9 +12,10 @@ become a number of steps before the decay can be placed. The run's own steps are
                                 after the step from which steps cost more (``slower_from``: late dropout) when
                                 that step lies before the decay, so the plan prices the steps it has left
     at REPLAN_AT                the final plan, fixed once
-    every GUARD_FRACTION        from the first plan until its decay begins, the pace is checked: a machine that
-    of the plan                 slowed down so much that the plan would end past the budget gets a shorter final
-                                plan at its new pace (``slower_plan``), so the decay still ends before the clock
+    every GUARD_FRACTION        from the first plan until its decay begins, the pace is checked: where the plan
+    of the plan                 would end past the budget at it (a busy machine), or well before (the machine is
+                                free again), it is laid again at that pace (``paced_plan``), so the decay still
+                                ends by the budget and a slowdown that passed costs no steps
 
 Every process measures and the mean is taken (one reduce), so all agree. The plan is recorded in every
 checkpoint (``RunState.planned_steps``) and in training_summary.json: a resumed run continues the same plan (see
@@ -43,7 +44,8 @@ GRACE = 0.02  # of the budget: the clock's cap lies this far past it, so that a 
 LENGTH_FREE_SCHEDULES = ("warmup_stable_decay", "constant_with_warmup")  # their rate before the decay needs no length
 MIN_WINDOW = 50  # steps: a second timing after ``slower_from`` needs at least these before the decay
 SHORTER = 0.25  # a second timing after ``slower_from`` ends early enough for a final plan this much shorter
-GUARD_FRACTION = 0.05  # of the plan: the pace is checked over windows this long (at least probe_steps) until the decay
+GUARD_FRACTION = 0.1  # of the plan: the pace is checked over windows this long (at least probe_steps) until the decay
+EARLY_END = 3 * MARGIN  # of the budget: a plan laid again when it would end this far before it (or past the cap)
 
 
 def length_cap(max_steps: int | None, num_epochs: float | None, batches_per_epoch: int | None,
@@ -76,7 +78,7 @@ class TimeBudget:
     first_fraction: float | None = None  # the smallest of --eval_steps/--checkpointing_steps in (0, 1): placed on
     # the final plan, so the second timing ends before that fraction of the run (unless it waits for slower_from)
     slower_from: int | None = None  # the step from which steps cost more (--late_dropout switches dropout on)
-    shortened_at: int | None = None  # the step where a machine slower than timed got a shorter plan (slower_plan)
+    replanned_at: int | None = None  # the last step where the plan was laid again at the steps' pace (paced_plan)
     span_ratio: float = 1.0  # what the guard times of a step (``Probe.spans``) over what the plan times of it
 
     @property
@@ -174,17 +176,27 @@ class TimeBudget:
         """The step the plan's decay begins at (the end, for a schedule without one)."""
         return self.planned_steps * (1.0 - (self.decay_ratio or 0.0))
 
-    def slower_plan(self, done: int, elapsed: float, step_seconds: float) -> int | None:
-        """A shorter plan for steps that now cost ``step_seconds``: None while the plan still ends inside the budget
-        the clock runs to (its margin spent, not more: a resume with a longer --max_minutes has that much more);
-        else the steps that fit at that pace, before the margin, as a new plan laid from ``done`` would take them
-        (``plan`` keeps the decay ahead of ``done``)."""
-        eval_seconds, room = self.seconds_per_evaluation or 0.0, self.minutes * 60 / self.seconds  # the clock's budget
+    def paced_plan(self, done: int, elapsed: float, step_seconds: float) -> int | None:
+        """The plan laid again for steps that now cost ``step_seconds``, where at that pace the clock would stop it
+        (it would end past GRACE after the budget the clock runs to: a resume with a longer --max_minutes has that
+        much more) or it would end EARLY_END before the budget it was planned for (a longer clock only moves the
+        stop): the steps that fit at that pace, before the margin, as a new plan laid from ``done`` would take them
+        (``plan`` keeps the decay ahead of ``done``). None: the plan stands (a step's pace jitters by a few percent
+        from window to window on a quiet machine)."""
+        eval_seconds, clock = self.seconds_per_evaluation or 0.0, self.minutes * 60 / self.seconds
         fraction = self.eval_steps is not None and self.eval_steps < 1  # evaluations at fractions of the plan
         evaluated = done // every(self.eval_steps, self.planned_steps) if fraction else 0
-        if self.planned_steps <= self.steps_that_fit(done, elapsed, step_seconds, eval_seconds, 1.0 - room, evaluated):
+
+        def fitting(end: float) -> int:  # the steps of a run that ends at ``end`` of the budget planned for
+            return self.steps_that_fit(done, elapsed, step_seconds, eval_seconds, 1.0 - end, evaluated)
+
+        if self.planned_steps > fitting(clock * (1.0 + GRACE)):  # the clock would stop it: fit the clock's budget
+            steps = fitting(clock * (1.0 - MARGIN))
+        elif self.planned_steps < fitting(1.0 - EARLY_END):  # room again, in the budget it was planned for
+            steps = fitting(1.0 - MARGIN)
+        else:
             return None
-        return self.steps_that_fit(done, elapsed, step_seconds, eval_seconds, 1.0 - room * (1.0 - MARGIN), evaluated)
+        return None if steps == self.planned_steps else steps
 
     def second_window(self, step: int) -> Probe:
         """The steps timed for the final plan, of a run at ``step`` with a first plan."""
@@ -198,7 +210,7 @@ class TimeBudget:
                 "seconds_per_evaluation": _round(self.seconds_per_evaluation), "step_cap": self.step_cap,
                 "planned_steps": self.planned_steps, "steps_run": steps_run, "train_seconds": round(train_seconds, 2),
                 "ended_by": "clock" if stopped_by_clock else "plan",
-                **({"shortened_at_step": self.shortened_at} if self.shortened_at is not None else {}),
+                **({"replanned_at_step": self.replanned_at} if self.replanned_at is not None else {}),
                 **({"planned_for_minutes": round(self.planned_for_minutes, 4)} if self.planned_for_minutes else {})}
 
     def timing(self) -> dict[str, Any]:
@@ -206,7 +218,7 @@ class TimeBudget:
         without --max_minutes goes on with it, one with another --max_minutes is checked against it."""
         return {"budget_minutes": self.seconds / 60, "seconds_per_step": self.seconds_per_step,
                 "seconds_per_evaluation": self.seconds_per_evaluation, "step_cap": self.step_cap,
-                "shortened_at": self.shortened_at, "span_ratio": self.span_ratio}
+                "replanned_at": self.replanned_at, "span_ratio": self.span_ratio}
 
 
 def resumed_budget(args: Any, saved: dict[str, Any], checkpoint: Any) -> None:

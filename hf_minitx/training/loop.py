@@ -437,8 +437,10 @@ class PlanTiming:
             self.guard = run.budget.guard_window(state.step)
             return made, True
         if self.guard is not None and self.guard.timed(state.step, span):
-            relaid = keep_pace(run, state, self.guard, time.perf_counter() - start)  # a shorter plan is final
-            self.probe, self.guard = None if relaid else self.probe, run.budget.guard_window(state.step)
+            relaid = keep_pace(run, state, self.guard, time.perf_counter() - start)
+            if relaid and self.probe is not None and self.probe.last >= run.budget.decay_from:
+                self.probe = None  # the second timing would end in the new plan's decay: this plan is the last
+            self.guard = run.budget.guard_window(state.step)
             return -1, relaid
         return -1, False
 

@@ -3,7 +3,7 @@
     run_length              --max_steps, --num_epochs, or a time budget's provisional or recorded plan
     schedule_changes        resumes that laid the schedule over another length, carried in every checkpoint
     lay_plan                a time budget's plan, once its probe timed the steps: the schedule is laid over it
-    keep_pace               a shorter plan where the steps slowed down so much that the plan would end past the budget
+    keep_pace               the plan laid again where the steps' pace would end it well past or before the budget
     evaluation_passed       an evaluation a shorter final plan placed before the step where it was made
     refuse_unplanned_budget a budget that ran out inside its probe made no plan: one error, no model
     late_dropout_plan       the step where --late_dropout switches the hidden dropout on (a number of passes)
@@ -57,7 +57,7 @@ def run_length(plan: RunPlan, batches_per_epoch: int | None) -> tuple[int, TimeB
             budget.planned_for_minutes, budget.clock_seconds = planned_for, args.max_minutes * 60
         budget.seconds_per_step = timing.get("seconds_per_step")
         budget.seconds_per_evaluation = timing.get("seconds_per_evaluation")
-        budget.shortened_at = timing.get("shortened_at")
+        budget.replanned_at = timing.get("replanned_at")
         budget.span_ratio = timing.get("span_ratio") or 1.0
     elif cap is not None and cap <= budget.probe_steps:  # too short to need a probe
         budget.planned_steps, budget.final = cap, True
@@ -105,19 +105,21 @@ def lay_plan(run: TrainingRun, state: RunState, fitting: int, step_seconds: floa
 
 def keep_pace(run: TrainingRun, state: RunState, window: Probe, elapsed: float) -> bool:
     """After a window of steps timed against the plan (``TimeBudget.guard_window``): the pace every process saw
-    (their mean, one reduce), and where the plan would no longer end inside the budget at it, a shorter final plan
-    laid from this step (``lay_plan``), so that its decay still ends before the clock. Returns whether it changed."""
+    (their mean, one reduce), and where the plan would end well past the budget or well before it at that pace,
+    the plan laid again from this step (``lay_plan``), so that its decay ends by the budget. Returns whether it
+    changed."""
     budget = run.budget
     figures = torch.tensor([window.seconds_per_step, elapsed], dtype=torch.float64, device=run.accelerator.device)
     span, elapsed = run.accelerator.reduce(figures, "mean").tolist()
     step_seconds = span / budget.span_ratio  # what the plan's timing would have measured
-    shorter = budget.slower_plan(state.step, elapsed, step_seconds)
-    if shorter is None:
+    paced = budget.paced_plan(state.step, elapsed, step_seconds)
+    if paced is None:
         return False
     run.accelerator.print(f"steps now take {step_seconds * 1000:.0f} ms, not the {budget.seconds_per_step * 1000:.0f} "
-                          f"ms timed: the plan of {budget.planned_steps} steps no longer ends inside the budget")
-    budget.shortened_at = state.step
-    lay_plan(run, state, shorter, step_seconds, budget.seconds_per_evaluation or 0.0)
+                          f"ms timed: the plan of {budget.planned_steps} steps would end "
+                          f"{'past' if paced < budget.planned_steps else 'well before'} the budget")
+    budget.replanned_at = state.step
+    lay_plan(run, state, paced, step_seconds, budget.seconds_per_evaluation or 0.0)
     return True
 
 

@@ -117,19 +117,19 @@ def test_max_minutes_decays_to_the_final_rate_before_the_budget_ends(text_file, 
     assert f"{plan['planned_steps']:,} steps planned" in card and "Passes over the training data" in card
 
 
-def slowed_run(text_file: Path, out: Path, monkeypatch, slower: Callable[[TimeBudget, int], bool]) -> dict:  # noqa: F811
-    """A --max_minutes 0.1 run whose steps take 50% longer from the step where ``slower(budget, step)`` holds."""
+def slowed_run(text_file: Path, out: Path, monkeypatch, slower: Callable[[TimeBudget, int], bool],  # noqa: F811
+               tick: float = 0.003) -> dict:
+    """A --max_minutes 0.1 run whose steps take ``tick`` on the clock (not 0.002) where ``slower(budget, step)``."""
     from hf_minitx.training import loop
 
     clock, real_step = TickingClock(0.002), loop.train_step
 
-    def slower_from_there(run, state, *args):
-        if state.planned_steps and slower(run.budget, state.step):
-            clock.tick = 0.003
+    def slower_there(run, state, *args):
+        clock.tick = tick if state.planned_steps and slower(run.budget, state.step) else 0.002
         return real_step(run, state, *args)
 
     monkeypatch.setattr(loop, "time", clock)
-    monkeypatch.setattr(loop, "train_step", slower_from_there)
+    monkeypatch.setattr(loop, "train_step", slower_there)
     main(causal_args(text_file, out, "--max_minutes", "0.1", "--optimizer", "adamw", "--learning_rate", "3e-3"))
     return summary_of(out)
 
@@ -141,11 +141,21 @@ def test_a_machine_slower_than_its_timing_before_the_decay_gets_a_shorter_plan_t
     summary = slowed_run(text_file, out, monkeypatch, lambda budget, step: budget.fixed)  # from the final plan on
     plan, decay = summary["time_budget"], summary["recipe"]["schedule"]["decay_steps"]
     assert plan["ended_by"] == "plan" and plan["steps_run"] == plan["planned_steps"] == summary["steps"]
-    assert plan["shortened_at_step"] < plan["planned_steps"] - decay  # before the decay, which it did not move
+    assert plan["replanned_at_step"] < plan["planned_steps"] - decay  # before the decay, which it did not move
     assert summary["train_seconds"] <= 6.0 and plan["seconds_per_step"] == pytest.approx(0.012, rel=0.05)
     rates = [r["learning_rate"] for r in records(out, "train")]
     assert rates[-1] <= 3e-3 / decay + 1e-12  # the last step ran at the decay's last rate
-    assert f"the plan was shortened at step {plan['shortened_at_step']:,}" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert f"laid again at the steps' pace, last at step {plan['replanned_at_step']:,}" in card
+
+
+@pytest.mark.slow
+def test_a_slowdown_that_passes_costs_no_steps(text_file, tmp_path, monkeypatch):  # noqa: F811
+    out = tmp_path / "busy-then-free"
+    summary = slowed_run(text_file, out, monkeypatch, lambda budget, step: 40 <= step < 80, tick=0.01)
+    plan = summary["time_budget"]
+    assert plan["ended_by"] == "plan" and plan["steps_run"] == plan["planned_steps"]
+    assert 0.9 * 6.0 <= summary["train_seconds"] <= 6.0  # the plan grew back once the steps were fast again
 
 
 @pytest.mark.slow
@@ -407,19 +417,22 @@ def test_the_probe_times_an_evaluation_already_made_at_its_step_instead_of_makin
     assert summary_of(out)["time_budget"]["seconds_per_evaluation"] > 0  # and its time is the plan's figure
 
 
-def test_a_plan_that_no_longer_fits_gets_the_steps_that_fit_at_the_new_pace_before_its_decay():
+def test_a_plan_off_its_pace_is_laid_again_at_the_steps_that_fit_before_its_decay():
     budget = TimeBudget(100.0, decay_ratio=0.3, eval_steps=0.25)
     budget.plan(20, budget.steps_that_fit(20, 2.0, 0.1, 1.0), 0.1, 1.0)  # a plan at 0.1 s a step
     budget.plan(100, budget.steps_that_fit(100, 10.0, 0.1, 1.0), 0.1, 1.0)  # the final one
     planned = budget.planned_steps
-    assert budget.slower_plan(300, 30.0, 0.1) is None  # on its pace
-    assert budget.slower_plan(300, 30.0, 0.102) is None  # slower, inside the margin
-    shorter = budget.slower_plan(300, 30.0, 0.2)  # twice as slow: what is left fits half the steps
+    assert budget.paced_plan(300, 30.0, 0.1) is None  # on its pace
+    assert budget.paced_plan(300, 30.0, 0.104) is None  # slower, ending inside the clock's grace
+    assert budget.paced_plan(300, 30.0, 0.095) is None  # faster, ending less than 3 margins early
+    shorter = budget.paced_plan(300, 30.0, 0.2)  # twice as slow: what is left fits half the steps
     left = 4 - 300 // every(0.25, planned)  # evaluations at quarters of the plan: those not yet made
     assert left == 3 and shorter == 300 + math.floor((100 * (1 - MARGIN) - 30.0 - left * 1.0) / 0.2)
     assert shorter < planned
+    budget.planned_steps = shorter
+    assert budget.paced_plan(300, 30.0, 0.1) > shorter  # fast again: the steps come back
     window = budget.guard_window(300)
-    assert window.last - window.first_timed == max(budget.probe_steps, round(0.05 * planned))
+    assert window.last - window.first_timed == max(budget.probe_steps, round(0.1 * shorter))
     assert budget.guard_window(math.ceil(budget.decay_from)) is None  # the decay is never moved
     assert TimeBudget(100.0).guard_window(0) is None  # no plan yet
     cosine = TimeBudget(100.0, decay_ratio=None)
