@@ -209,7 +209,7 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
             made, relaid = timing.after_step(run, state, (step_start, start), evaluation_seconds, evaluated_at)
             if relaid:
                 evaluated_at, settings = max(evaluated_at, made), run.settings
-                progress.total = settings.total_steps
+                progress.total = settings.total_steps if run.budget.planned_steps else None  # none: the probe spent it
                 progress.refresh()
                 if evaluation_passed(settings, state.step, evaluated_at):  # the final plan put one before this step
                     evaluated_at = state.step

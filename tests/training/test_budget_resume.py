@@ -173,12 +173,21 @@ def test_a_budget_the_probe_spends_is_refused_as_one_that_ran_out_inside_it(text
     (its steps ran the provisional warmup), so it is refused like a budget that ran out inside the probe."""
     from hf_minitx.training.budget import TimeBudget
 
-    monkeypatch.setattr(TimeBudget, "steps_that_fit", lambda self, done, *args: done)
+    bars = []
+
+    class RecordedBar(loop.tqdm):
+        def close(self):
+            bars.append(self.total)
+            super().close()
+
+    monkeypatch.setattr(TimeBudget, "steps_that_fit", lambda self, done, *args, **kwargs: done)
+    monkeypatch.setattr(loop, "tqdm", RecordedBar)
     out = tmp_path / "spent"
     with pytest.raises(ValueError, match=r"ran out after 20 step\(s\) of about .* inside the 20-step timing probe"):
         loop.main(causal_args(text_file, out, "--max_minutes", "0.5"))
     assert (out / "checkpoint-20").is_dir() and not (out / "model.safetensors").exists()
     assert not (out / "training_summary.json").exists()
+    assert bars and set(bars) == {None}  # no billion-step total: no plan was made
 
 
 def test_a_validation_split_too_small_to_choose_by_keeps_the_last_weights_and_says_so(caplog):
