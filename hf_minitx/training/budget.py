@@ -11,7 +11,7 @@ become a number of steps before the decay can be placed. The run's own steps are
                                 machine has settled (the first hundred steps of a run are often the slowest);
                                 after the step from which steps cost more (``slower_from``: late dropout) when
                                 that step lies before the decay, so the plan prices the steps it has left
-    at REPLAN_AT                the final plan, fixed once
+    at REPLAN_AT                the final plan: no more timings of the probe (the guard below may lay it again)
     every GUARD_FRACTION        from the first plan until its decay begins, the pace is checked: where the plan
     of the plan                 would end past the budget at it (a busy machine), or well before (the machine is
                                 free again), it is laid again at that pace (``paced_plan``), so the decay still
@@ -72,7 +72,7 @@ class TimeBudget:
     seconds_per_step: float | None = None
     seconds_per_evaluation: float | None = None
     planned_steps: int | None = None
-    final: bool = False  # the plan no longer changes
+    final: bool = False  # the probe's timings are done (only the guard, ``paced_plan``, lays the plan again)
     planned_for_minutes: float | None = None  # a resume under another budget: the one the plan was made for
     clock_seconds: float | None = None  # a resume with a longer --max_minutes: the clock's (the plan's: seconds)
     first_fraction: float | None = None  # the smallest of --eval_steps/--checkpointing_steps in (0, 1): placed on
