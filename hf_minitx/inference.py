@@ -298,6 +298,9 @@ def generate(
         model.train(was_training)
 
 
+OUTPUT_RULE = "-" * 40  # between several prompts' continuations in `minitx generate`'s output
+
+
 @dataclass
 class GenerateArguments:
     """`minitx generate`: prompts in, one line out per prompt."""
@@ -342,6 +345,11 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
         do_sample=do_sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, num_beams=args.num_beams,
     )
-    for prompt, output in zip(args.prompt, outputs, strict=True):
-        print(f"{prompt} -> {output}" if model.config.is_encoder_decoder else f"{prompt}{output}")
+    for i, (prompt, output) in enumerate(zip(args.prompt, outputs, strict=True)):
+        if model.config.is_encoder_decoder:
+            print(f"{prompt} -> {output}")
+            continue
+        if i:  # a continuation may span lines: a rule marks where the next prompt's begins
+            print(OUTPUT_RULE)
+        print(f"{prompt}{output}")
     return outputs

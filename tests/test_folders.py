@@ -129,6 +129,20 @@ def test_an_output_below_a_file_names_the_file_in_the_users_path(tmp_path, monke
     assert sorted(os.listdir()) == ["afile"] and Path("afile").read_text() == "mine"
 
 
+def test_an_output_whose_folder_cannot_be_made_is_named_before_any_work(tmp_path, capsys):
+    """A path the system will not create (a folder under /proc, which takes none) is one line naming the part it
+    refused, from the lock taken before any work, not a raw errno at the first write."""
+    (tmp_path / "a.txt").write_text("some text to train on\n" * 50)
+    assert minitx(["train", "--dataset", str(tmp_path / "a.txt"), "--output_dir", "/proc/no-such/run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --output_dir /proc/no-such/run cannot be made (No such file or directory: "
+                          "/proc/no-such); choose a folder where you can write"), err
+    with pytest.raises(output_lock.FolderRefused, match=r"^--out /proc/no-such/page.html cannot be made \("):
+        with output_lock.holding_lock(Path("/proc/no-such/page.html"), command="explore", option="--out",
+                                      single_file=True):
+            pass
+
+
 def test_a_second_writer_is_refused_naming_the_first_and_nothing_is_written(tmp_path):
     folder = tmp_path / "out"
     with another_writer(folder / LOCK_FILE, pid=4242, host="box", command="export"):

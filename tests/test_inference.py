@@ -282,3 +282,12 @@ def test_a_prompt_the_shell_could_not_decode_is_named_before_loading(tmp_path, c
     assert minitx(["generate", "--model", str(tmp_path / "none"), "--prompt", "fine", "--prompt", "a \udcff b"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--prompt 'a \\udcff b' has '\\udcff' at character 2, a byte that is not UTF-8" in err[0]
+
+
+def test_several_continuations_are_printed_with_a_rule_between(causal_dir, capsys):
+    with mock.patch.object(inference, "generate", return_value=[" one\ntwo", " three"]):
+        inference.main(["--model", str(causal_dir), "--prompt", "a", "b"])
+    assert capsys.readouterr().out == f"a one\ntwo\n{inference.OUTPUT_RULE}\nb three\n"
+    with mock.patch.object(inference, "generate", return_value=[" one"]):
+        inference.main(["--model", str(causal_dir), "--prompt", "a"])
+    assert capsys.readouterr().out == "a one\n"  # one prompt: no rule

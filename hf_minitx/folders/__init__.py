@@ -14,9 +14,10 @@ Folders (`train`, `experiment`, `train-tokenizer`, `push --dry_run`):
 - an output folder inside an input folder, or an input inside the output folder, is refused;
 - the replace flag replaces only a folder a minitx command made (the marker, or a run's files); anything
   else needs ``--overwrite_any_folder`` (train) or is refused, naming what it would delete;
-- the old contents are removed only after every check has passed (``replace_folder``), and new folders
-  are built in a hidden sibling and renamed into place (``write_folder``), so an interruption leaves the
-  old complete folder or the new complete one. A folder that cannot be renamed (a mount point, a Docker volume)
+- the old contents are removed only after every check has passed (``replace_folder``; a training run under a
+  time budget keeps them aside until it stops, and puts them back where the budget ran out in its probe), and
+  new folders are built in a hidden sibling and renamed into place (``write_folder``), so an interruption leaves
+  the old complete folder or the new complete one. A folder that cannot be renamed (a mount point, a Docker volume)
   is emptied and written inside instead, and a file that cannot be renamed across file systems is moved.
 
 Single files (`visualize --out`, `explore --out`, `benchmark --json`): written to a temporary sibling and renamed
@@ -29,7 +30,15 @@ this package exports them all.
 
 from __future__ import annotations
 
-from .atomic import move_files_into, replace_folder, write_file, write_folder, write_marker
+from .atomic import (
+    drop_set_aside,
+    move_files_into,
+    put_back,
+    replace_folder,
+    write_file,
+    write_folder,
+    write_marker,
+)
 from .lock import (
     check_not_locked,
     describe_owner,
@@ -72,6 +81,6 @@ __all__ = [
     "check_not_under_a_file", "check_output_folder", "check_replaceable", "holds_run_files", "check_apart",
     "check_inputs_outside", "launch_id", "describe_owner", "lock_holder", "check_not_locked", "lock_path",
     "lock_folder", "unlock_folder", "holding_lock", "output_folder", "check_marker", "replace_folder",
-    "write_marker", "partial_sibling", "write_file", "write_folder", "move_files_into", "check_output_file",
-    "html_written_by_us",
+    "write_marker", "put_back", "drop_set_aside", "partial_sibling", "write_file", "write_folder",
+    "move_files_into", "check_output_file", "html_written_by_us",
 ]

@@ -20,23 +20,44 @@ from .paths import LOCK_FILE, PARTIAL_SUFFIX, RUN_MARKER, describe_contents, par
 from .write_errors import write_advice, write_errno
 
 
-def replace_folder(folder: Path, *, command: str, run_id: str | None = None) -> str:
-    """Empty ``folder`` (create it if needed) and mark it as this command's run; returns the run id.
+def replace_folder(folder: Path, *, command: str, run_id: str | None = None, keep_old: bool = False
+                   ) -> tuple[str, Path | None]:
+    """Empty ``folder`` (create it if needed) and mark it as this command's run; returns the run id and, with
+    ``keep_old``, the hidden sibling that holds the old contents until ``put_back`` or ``drop_set_aside``.
 
     Call only after every check passed. The folder is locked for this process first (a live writer
-    refuses); the old contents are swapped out (``_swap_in``), then deleted, so a crash never leaves a
-    half-deleted mix in ``folder``; the lock goes into the new folder with the same open file.
+    refuses); the old contents are swapped out (``_swap_in``), then deleted (or kept aside), so a crash never
+    leaves a half-deleted mix in ``folder``; the lock goes into the new folder with the same open file. A mount
+    point cannot be renamed away: it is emptied in place, and nothing is kept aside.
     """
     lock_folder(folder, command=command)
-    if describe_contents(folder) and os.path.ismount(folder):  # a mount point cannot be renamed away: emptied
+    aside = None
+    if describe_contents(folder) and os.path.ismount(folder):
         _empty_in_place(folder, keep=(LOCK_FILE,))
     elif describe_contents(folder):
         fresh = folder.with_name(f".{folder.name}.new-{os.getpid()}")
         fresh.mkdir()
-        shutil.rmtree(_swap_in(fresh, folder), ignore_errors=True)
+        old = _swap_in(fresh, folder)
+        if keep_old and old is not None:
+            aside = old.rename(folder.with_name(f".{folder.name}.replaced-{os.getpid()}"))
+            (aside / LOCK_FILE).unlink(missing_ok=True)  # the lock's second name: it stays held in ``folder``
+        else:
+            shutil.rmtree(old, ignore_errors=True)
     run_id = run_id or uuid.uuid4().hex[:12]
     write_marker(folder, command=command, run_id=run_id)
-    return run_id
+    return run_id, aside
+
+
+def put_back(folder: Path, aside: Path) -> None:
+    """Undo ``replace_folder(keep_old=True)``: the contents kept ``aside`` take ``folder``'s place again, and what
+    was written in ``folder`` since is deleted; the lock this process holds stays held."""
+    shutil.rmtree(_swap_in(aside, folder), ignore_errors=True)
+
+
+def drop_set_aside(aside: Path | None) -> None:
+    """Delete the old contents ``replace_folder(keep_old=True)`` kept aside (the replacement is committed)."""
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def _swap_in(fresh: Path, folder: Path) -> Path | None:

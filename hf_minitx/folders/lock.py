@@ -130,8 +130,22 @@ def lock_folder(folder: Path, *, command: str, option: str = "--output_dir") -> 
 
     A lock held by a live process refuses; one left by a process that died (the kernel released it) is
     taken over with a note on stderr."""
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder, option=option)
     _take_lock(folder, folder / LOCK_FILE, command=command, option=option)
+
+
+def make_folder(folder: Path, *, option: str, named: Path | None = None) -> None:
+    """Create ``folder`` (and its parents) before any work; one that cannot be made is an error naming the part of
+    the path the system refused and why (``/proc/x``: no such folder; ``/sys/run``: not permitted), and ``named``
+    (default: the folder) as the user gave it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        if isinstance(error, (FileExistsError, NotADirectoryError)) or error.errno is None:
+            raise
+        where = os.fsdecode(error.filename) if error.filename else str(folder)
+        raise FolderRefused(f"{option} {named or folder} cannot be made ({error.strerror}: {where}); choose a "
+                            "folder where you can write") from None
 
 
 def unlock_folder(folder: Path) -> None:
@@ -155,7 +169,7 @@ def holding_lock(output: Path, *, command: str, option: str = "--output_dir", si
     where = output.parent if single_file else output
     made = next((path for path in reversed((where, *where.parents)) if not path.exists()), None)
     try:
-        where.mkdir(parents=True, exist_ok=True)
+        make_folder(where, option=option, named=output)
         _take_lock(output, lock_path(output, single_file=single_file), command=command, option=option)
         yield output
     finally:

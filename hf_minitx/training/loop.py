@@ -42,8 +42,15 @@ from .end_of_run import finish, gathered_weights, keep_best, train_summary
 from .evaluation import chance_note
 from .outputs import CALIBRATED, append_metrics
 from .phases import continue_phases, past_first_phase
-from .run_folder import abandon_setup, lock_output_folder, release_unclaimed
-from .run_length import evaluation_passed, keep_pace, lay_plan, refuse_unplanned_budget, switch_on_late_dropout
+from .run_folder import abandon_setup, lock_output_folder, release_unclaimed, settle_replaced
+from .run_length import (
+    evaluation_passed,
+    keep_pace,
+    lay_plan,
+    ran_out_in_probe,
+    refuse_unplanned_budget,
+    switch_on_late_dropout,
+)
 from .run_plan import AlreadyComplete, plan_run
 from .setup import setup
 from .shape_plan import planned_split
@@ -122,8 +129,12 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
         if plan is not None:  # a failure before the first step leaves no staging folder, no folder made for the lock
             release_unclaimed(plan)
         raise
-    outcome = fit(run, state)
-    refuse_unplanned_budget(run, state, outcome)
+    outcome = None
+    try:
+        outcome = fit(run, state)
+    finally:  # a replaced folder's old contents: back where the budget ran out inside its probe, else deleted
+        old_back = settle_replaced(plan, restore=outcome is not None and ran_out_in_probe(run, outcome))
+    refuse_unplanned_budget(run, state, outcome, old_back=old_back)
     if outcome.interrupted_by is not None:
         saved = f"saved {outcome.checkpoint}" if outcome.checkpoint else "nothing could be saved"
         raise Interrupted(
@@ -216,8 +227,7 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
                     if evaluate_and_check_target(run, state, outcome):
                         break
         progress.close()
-        # a budget stopped inside its probe is refused (refuse_unplanned_budget): no final evaluation
-        refused = outcome.stopped_by_time_budget and run.budget is not None and run.budget.planned_steps is None
+        refused = ran_out_in_probe(run, outcome)  # refused (refuse_unplanned_budget): no final evaluation
         if evaluated_at != state.step and outcome.interrupted_by is None and not refused:  # protected like the steps
             evaluate_and_check_target(run, state, outcome)
             if stop_wished(run, signals.received):

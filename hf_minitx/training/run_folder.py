@@ -3,6 +3,7 @@
     lock_output_folder   the folder's lock, taken before any work: a second run on it stops at once
     get_tokenizer        a freshly trained tokenizer waits in a hidden staging folder private to this launch
     claim_output_folder  once every check passed: a new run empties (or creates) the folder, a resumed run keeps it
+    settle_replaced      a replaced folder's old contents: deleted once the run ends, back if its budget ran out
     abandon_setup        an interruption before the first step removes what this run wrote, and says what is left
 """
 
@@ -22,9 +23,11 @@ from ..data.tokenizer import load_tokenizer, train_bpe_tokenizer
 from ..folders import (
     PARTIAL_SUFFIX,
     describe_contents,
+    drop_set_aside,
     launch_id,
     lock_folder,
     move_files_into,
+    put_back,
     read_marker,
     replace_folder,
     unlock_folder,
@@ -102,7 +105,9 @@ def claim_output_folder(plan: RunPlan) -> str:
         folder = plan.output_dir
         plan.claimed = ("missing" if plan.made_folder or not folder.exists()
                         else "replaced" if describe_contents(folder) else "empty")
-        run_id = replace_folder(plan.output_dir, command="train")
+        # a time budget's probe may find it too short: the old contents wait aside until the run ends (settle_replaced)
+        run_id, plan.set_aside = replace_folder(plan.output_dir, command="train",
+                                                keep_old=plan.train_args.max_minutes is not None)
     else:
         plan.claimed = "resumed"
         lock_folder(plan.output_dir, command="train")
@@ -134,3 +139,17 @@ def abandon_setup(plan: RunPlan | None) -> str:
         return (f"interrupted before training started; the old contents of {folder} had already been replaced "
                 "(--overwrite_output_dir), so it is left empty")
     return "interrupted before training started; nothing was written"
+
+
+def settle_replaced(plan: RunPlan, *, restore: bool) -> bool:
+    """The old contents of a folder this run replaced under a time budget (``claim_output_folder`` kept them
+    aside): with ``restore`` (the budget ran out inside its probe, or the run failed), they take the folder's place
+    again and what the run wrote is deleted; otherwise they are deleted. True when they were put back."""
+    aside, plan.set_aside = plan.set_aside, None
+    if aside is None or not aside.is_dir():
+        return False
+    if restore:
+        put_back(plan.output_dir, aside)
+    else:
+        drop_set_aside(aside)
+    return restore

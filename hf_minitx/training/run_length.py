@@ -132,12 +132,19 @@ def evaluation_passed(settings: LoopSettings, step: int, evaluated_at: int) -> b
     return due > 0 and evaluated_at < due
 
 
-def refuse_unplanned_budget(run: TrainingRun, state: RunState, outcome: FitOutcome) -> None:
+def ran_out_in_probe(run: TrainingRun, outcome: FitOutcome) -> bool:
+    """Whether a time budget ran out inside its timing probe, before any plan was laid."""
+    return outcome.stopped_by_time_budget and run.budget is not None and run.budget.planned_steps is None
+
+
+def refuse_unplanned_budget(run: TrainingRun, state: RunState, outcome: FitOutcome, *, old_back: bool = False
+                            ) -> None:
     """A time budget that ran out inside its timing probe made no plan: its steps ran the warmup of a provisional
     schedule that never decayed. That model is not the run's result: one error says what a step costs and what
-    budget would do, and the checkpoint saved at the stop (``stop_early``) can be resumed with a longer one."""
+    budget would do, and the checkpoint saved at the stop (``stop_early``) can be resumed with a longer one; where
+    the run replaced a folder, its old contents are back instead (``old_back``: nothing was replaced)."""
     budget = run.budget
-    if budget is None or budget.planned_steps is not None or not outcome.stopped_by_time_budget:
+    if not ran_out_in_probe(run, outcome):
         return
     shape_plan = run.checkpoint_fields.get(SHAPE_PLAN) or {}  # its timing is on the clock, but is no step's
     timing = min(shape_plan.get("timing_seconds", 0.0), state.train_seconds)
@@ -145,8 +152,10 @@ def refuse_unplanned_budget(run: TrainingRun, state: RunState, outcome: FitOutco
     share = shape_plan.get(PHASES)
     whose = (f" (the teacher's share of a {share['minutes']:g}-minute budget split in two)"
              if share and math.isclose(budget.seconds / 60, share["teacher_minutes"]) else "")
-    resume = (f"{outcome.checkpoint} holds them: resume it with --resume_from_checkpoint latest --max_minutes "
-              f"{budget.shortest_budget(step_seconds, timing):g}" if outcome.checkpoint else "nothing was saved")
+    shortest = f"--max_minutes {budget.shortest_budget(step_seconds, timing):g}"
+    resume = (f"{run.output_dir} holds its old contents again, as nothing was replaced: run again with {shortest} "
+              "or more" if old_back else f"{outcome.checkpoint} holds them: resume it with --resume_from_checkpoint "
+              f"latest {shortest}" if outcome.checkpoint else "nothing was saved")
     raise ValueError(f"--max_minutes {budget.seconds / 60:g} ({budget.seconds:.1f} s){whose} ran out after "
                      f"{state.step} step(s) of about {step_seconds:.2f} s, inside the {budget.probe_steps}-step timing "
                      "probe that makes the plan: the schedule never decayed, so no model is saved as the run's result; "

@@ -67,6 +67,7 @@ class RunPlan:
     resume_state: dict[str, Any] | None = None  # run_state.json of the checkpoint, read once
     claimed: str | None = None  # how claim_output_folder found output_dir: "missing", "empty", "replaced", "resumed"
     made_folder: bool = False  # lock_output_folder created output_dir to hold its lock
+    set_aside: Path | None = None  # a replaced folder's old contents, kept until the run ends (settle_replaced)
     plans_shape: bool = False  # a new run whose time budget chooses the shape (setup times the candidates)
     shape_plan: dict[str, Any] | None = None  # what it chose and why (a resumed one: its checkpoint's record)
 

@@ -190,6 +190,31 @@ def test_a_budget_the_probe_spends_is_refused_as_one_that_ran_out_inside_it(text
     assert bars and set(bars) == {None}  # no billion-step total: no plan was made
 
 
+def test_a_replaced_folder_gets_its_old_contents_back_when_the_probe_spends_the_budget(text_file, tmp_path,  # noqa: F811
+                                                                                      monkeypatch):
+    """--overwrite_output_dir with a budget too short to plan: nothing is replaced (the old model and a file the
+    user put beside it are back, the new run's checkpoint is gone); a budget that plans replaces as asked."""
+    from hf_minitx.training.budget import TimeBudget
+
+    out = tmp_path / "run"
+    loop.main(causal_args(text_file, out, "--max_steps", "2"))
+    (out / "notes.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    _reset_accelerate()
+    with monkeypatch.context() as patched:
+        patched.setattr(TimeBudget, "steps_that_fit", lambda self, done, *args, **kwargs: done)
+        with pytest.raises(ValueError, match=rf"{out} holds its old contents again, as nothing was replaced: run "
+                                             r"again with --max_minutes [\d.]+ or more"):
+            loop.main(causal_args(text_file, out, "--max_minutes", "0.5", "--overwrite_output_dir"))
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert not list(out.glob("checkpoint-*")) and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    _reset_accelerate()
+    monkeypatch.setattr(loop, "time", TickingClock(TICK))
+    loop.main(causal_args(text_file, out, "--max_minutes", "0.05", "--overwrite_output_dir"))
+    assert summary_of(out)["time_budget"]["ended_by"] == "plan" and not (out / "notes.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # the old contents kept aside are deleted
+
+
 def test_a_validation_split_too_small_to_choose_by_keeps_the_last_weights_and_says_so(caplog):
     import torch
     from conftest import tiny_causal
