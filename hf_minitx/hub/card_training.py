@@ -106,14 +106,20 @@ def describe_shape_candidates(candidates: list[dict]) -> str:
                      f"{c['tokens_per_parameter']:g} tokens per parameter" for c in candidates)
 
 
+def _listed(steps: list[int]) -> str:
+    """``[92]`` -> "92"; ``[92, 154, 1200]`` -> "92, 154 and 1,200"."""
+    shown = [f"{step:,}" for step in steps]
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
+
+
 def _budget_rows(summary: dict) -> list[tuple[str, str]]:
     """Rows of the budget's plan and what ran, the passes over the data, the weights kept and the temperature."""
     rows, phase = [], _kept_phase(summary)  # two phases: the model the folder holds
     budget = summary.get("time_budget") or {}
     if budget.get("planned_steps"):
         ended = "the plan ran to its end" if budget.get("ended_by") == "plan" else "the clock stopped it first"
-        if budget.get("replanned_at_step") is not None:
-            ended += f"; laid again at the steps' pace, last at step {budget['replanned_at_step']:,}"
+        if budget.get("replanned_at_steps"):
+            ended += f"; laid again at the steps' pace at step {_listed(budget['replanned_at_steps'])}"
         planned_for = (f" (planned for {budget['planned_for_minutes']:g} min before a resume)"
                        if budget.get("planned_for_minutes") else "")
         minutes = f"{budget['budget_minutes']:g} min"

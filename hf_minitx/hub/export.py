@@ -37,23 +37,26 @@ def override(field_name: str, value: object) -> str:
     return f"train with --config_overrides {field_name}={str(value).lower() if isinstance(value, bool) else value}"
 
 
-def _field_problems(config: PretrainedConfig, target: str) -> list[tuple[str, object, str]]:
-    """(field, value, why and how) for each field of `config` that the target's architecture cannot express."""
+def _field_problems(config: PretrainedConfig, target: str, advise: bool = True) -> list[tuple[str, object, str]]:
+    """(field, value, why and how) for each field of `config` that the target's architecture cannot express; with
+    ``advise``, a field that the other rotary target takes names it, where the whole model maps onto that one."""
     name, rotary = NAMES[target], target in ("qwen3", "llama")
+    other = {"qwen3": "llama", "llama": "qwen3"}.get(target)
+    other_fits = advise and other is not None and not _field_problems(config, other, advise=False)
     wanted: list[tuple[str, object, str]] = [("norm_position", "pre", f"{name} normalises before each sub-layer")]
     if rotary:
         wanted += [("position_embedding_type", "rope", f"{name} uses rotary positions"),
                    ("norm_type", "rmsnorm", f"{name} uses RMSNorm"),
                    ("hidden_act", "swiglu", f"{name} uses swiglu"),
                    ("qk_norm", target == "qwen3", "Qwen3 normalises queries and keys" if target == "qwen3"
-                    else "Llama has no QK-norm (export with --to qwen3, or to GGUF with --gguf_architecture qwen3 "
-                         "or auto)")]
+                    else "Llama has no QK-norm" + (" (export with --to qwen3, or to GGUF with --gguf_architecture "
+                                                     "qwen3 or auto)" if other_fits else ""))]
     else:
         wanted += [("norm_type", "layernorm", "GPT-2 uses LayerNorm"),
                    ("qk_norm", False, "GPT-2 has no QK-norm")]
     if target == "qwen3":  # Llama takes biases, but no QK-norm
-        wanted.append(("attention_bias", False, "Qwen3's feed-forward has no biases"
-                       + ("" if config.qk_norm else " (export with --to llama)")))
+        wanted.append(("attention_bias", False, "Qwen3's attention and feed-forward have no biases"
+                       + (" (export with --to llama)" if other_fits else "")))
     wanted.append(("final_logit_softcap", None, f"{name} does not cap its logits"))
     problems = [(key, getattr(config, key), f"{why}; {override(key, value)}")
                 for key, value, why in wanted if getattr(config, key) != value]

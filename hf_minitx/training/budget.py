@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,8 @@ class TimeBudget:
     first_fraction: float | None = None  # the smallest of --eval_steps/--checkpointing_steps in (0, 1): placed on
     # the final plan, so the second timing ends before that fraction of the run (unless it waits for slower_from)
     slower_from: int | None = None  # the step from which steps cost more (--late_dropout switches dropout on)
-    replanned_at: int | None = None  # the last step where the plan was laid again at the steps' pace (paced_plan)
+    replanned_at: list[int] = field(default_factory=list)  # the steps where the plan was laid again at the steps'
+    # pace (paced_plan)
     span_ratio: float = 1.0  # what the guard times of a step (``Probe.spans``) over what the plan times of it
 
     @property
@@ -210,7 +211,7 @@ class TimeBudget:
                 "seconds_per_evaluation": _round(self.seconds_per_evaluation), "step_cap": self.step_cap,
                 "planned_steps": self.planned_steps, "steps_run": steps_run, "train_seconds": round(train_seconds, 2),
                 "ended_by": "clock" if stopped_by_clock else "plan",
-                **({"replanned_at_step": self.replanned_at} if self.replanned_at is not None else {}),
+                **({"replanned_at_steps": list(self.replanned_at)} if self.replanned_at else {}),
                 **({"planned_for_minutes": round(self.planned_for_minutes, 4)} if self.planned_for_minutes else {})}
 
     def timing(self) -> dict[str, Any]:
@@ -218,7 +219,7 @@ class TimeBudget:
         without --max_minutes goes on with it, one with another --max_minutes is checked against it."""
         return {"budget_minutes": self.seconds / 60, "seconds_per_step": self.seconds_per_step,
                 "seconds_per_evaluation": self.seconds_per_evaluation, "step_cap": self.step_cap,
-                "replanned_at": self.replanned_at, "span_ratio": self.span_ratio}
+                "replanned_at": list(self.replanned_at), "span_ratio": self.span_ratio}
 
 
 def resumed_budget(args: Any, saved: dict[str, Any], checkpoint: Any) -> None:

@@ -483,6 +483,7 @@ def fix_plan(run: TrainingRun, state: RunState, probe: Probe, elapsed: float,
         # the probe spent the budget: no step is left to decay in, so no plan is laid and the clock stops the
         # run at once, as one that ran out inside its probe (refuse_unplanned_budget: a checkpoint to resume)
         run.settings = replace(run.settings, max_seconds=0.0)
+        budget.seconds_per_evaluation = eval_seconds  # for the refusal's advice
         return None, evaluated_at
     lay_plan(run, state, fitting, step_seconds, eval_seconds)
     return (None if budget.final else budget.second_window(state.step)), evaluated_at

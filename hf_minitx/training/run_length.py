@@ -57,7 +57,8 @@ def run_length(plan: RunPlan, batches_per_epoch: int | None) -> tuple[int, TimeB
             budget.planned_for_minutes, budget.clock_seconds = planned_for, args.max_minutes * 60
         budget.seconds_per_step = timing.get("seconds_per_step")
         budget.seconds_per_evaluation = timing.get("seconds_per_evaluation")
-        budget.replanned_at = timing.get("replanned_at")
+        replanned = timing.get("replanned_at") or []  # (one step, in a checkpoint of an earlier version)
+        budget.replanned_at = replanned if isinstance(replanned, list) else [replanned]
         budget.span_ratio = timing.get("span_ratio") or 1.0
     elif cap is not None and cap <= budget.probe_steps:  # too short to need a probe
         budget.planned_steps, budget.final = cap, True
@@ -118,7 +119,7 @@ def keep_pace(run: TrainingRun, state: RunState, window: Probe, elapsed: float) 
     run.accelerator.print(f"steps now take {step_seconds * 1000:.0f} ms, not the {budget.seconds_per_step * 1000:.0f} "
                           f"ms timed: the plan of {budget.planned_steps} steps would end "
                           f"{'past' if paced < budget.planned_steps else 'well before'} the budget")
-    budget.replanned_at = state.step
+    budget.replanned_at.append(state.step)
     lay_plan(run, state, paced, step_seconds, budget.seconds_per_evaluation or 0.0)
     return True
 
@@ -152,14 +153,19 @@ def refuse_unplanned_budget(run: TrainingRun, state: RunState, outcome: FitOutco
     share = shape_plan.get(PHASES)
     whose = (f" (the teacher's share of a {share['minutes']:g}-minute budget split in two)"
              if share and math.isclose(budget.seconds / 60, share["teacher_minutes"]) else "")
-    shortest = f"--max_minutes {budget.shortest_budget(step_seconds, timing):g}"
-    resume = (f"{run.output_dir} holds its old contents again, as nothing was replaced: run again with {shortest} "
-              "or more" if old_back else f"{outcome.checkpoint} holds them: resume it with --resume_from_checkpoint "
-              f"latest {shortest}" if outcome.checkpoint else "nothing was saved")
+    evaluation = budget.seconds_per_evaluation or 0.0  # timed by the probe (fix_plan), on the clock of no step
+    made = f" and an evaluation of {evaluation:.1f} s" if evaluation else ""
+    # a resumed budget counts the seconds trained so far (not that evaluation), then times a probe of its own
+    again = f"--max_minutes {budget.shortest_budget(step_seconds, timing + evaluation):g} or more"
+    resume = (f"{run.output_dir} holds its old contents again, as nothing was replaced: run again with {again}"
+              if old_back else f"{outcome.checkpoint} holds them: resume it with --resume_from_checkpoint latest "
+              f"--max_minutes {budget.shortest_budget(step_seconds, state.train_seconds + evaluation):g} or more"
+              if outcome.checkpoint else f"nothing was saved: run again with {again}")
     raise ValueError(f"--max_minutes {budget.seconds / 60:g} ({budget.seconds:.1f} s){whose} ran out after "
-                     f"{state.step} step(s) of about {step_seconds:.2f} s, inside the {budget.probe_steps}-step timing "
-                     "probe that makes the plan: the schedule never decayed, so no model is saved as the run's result; "
-                     f"{resume} (the probe and as many steps again), or train a number of steps with --max_steps")
+                     f"{state.step} step(s) of about {step_seconds:.2f} s{made}, inside the {budget.probe_steps}-step "
+                     "timing probe that makes the plan: the schedule never decayed, so no model is saved as the run's "
+                     f"result; {resume} (the probe and as many steps again), or train a number of steps with "
+                     "--max_steps")
 
 
 def late_dropout_plan(train_args: TrainArguments, config: Any, batches_per_epoch: int | None,

@@ -281,8 +281,8 @@ def test_a_gguf_option_with_a_stock_target_is_refused_and_a_llama_gguf_names_the
         with pytest.raises(ValueError, match=f"{option[0]} applies to --to gguf, not --to qwen3"):
             main(["--model", str(tmp_path / "src"), "--to", "qwen3", *option, "--output_dir", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
-    (qk_norm,) = [line for line in mapping_problems(MiniTxConfig(**ROTARY, qk_norm=True), "llama")
-                  if line.startswith("qk_norm")]
+    (qk_norm,) = [line for line in mapping_problems(MiniTxConfig(**ROTARY, qk_norm=True, attention_bias=False),
+                                                    "llama") if line.startswith("qk_norm")]
     assert "--gguf_architecture qwen3" in qk_norm
 
 
@@ -290,9 +290,13 @@ def test_a_qwen3_refusal_suggests_llama_only_where_llama_would_take_the_model():
     with_qk_norm = mapping_problems(MiniTxConfig(qk_norm=True, attention_bias=True), "qwen3")
     bias = next(line for line in with_qk_norm if line.startswith("attention_bias"))
     assert "--to llama" not in bias and "--config_overrides attention_bias=false" in bias  # llama has no QK-norm
-    bias = next(line for line in mapping_problems(MiniTxConfig(qk_norm=False, attention_bias=True), "qwen3")
+    bias = next(line for line in mapping_problems(MiniTxConfig(**ROTARY, qk_norm=False, attention_bias=True), "qwen3")
                 if line.startswith("attention_bias"))
     assert "(export with --to llama)" in bias
+    assert "Qwen3's attention and feed-forward have no biases" in bias
+    (qk_norm,) = [line for line in mapping_problems(MiniTxConfig(**ROTARY, qk_norm=True, attention_bias=True), "llama")
+                  if line.startswith("qk_norm")]  # Qwen3 would refuse its biases too: not offered
+    assert "--to qwen3" not in qk_norm and "--gguf_architecture" not in qk_norm
 
 
 # --- the presets whose models export ---------------------------------------------------------------------

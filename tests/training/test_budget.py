@@ -47,6 +47,30 @@ def test_the_plan_fits_the_steps_and_evaluations_in_what_is_left_of_the_budget()
     assert TimeBudget(5.0).steps_that_fit(20, 10.0, 0.1, 0.0) == 20  # the probe ate the budget
 
 
+@pytest.mark.parametrize("checkpoint, evaluation", [(True, 0.0), (True, 21.0), (False, 21.0)])
+def test_the_budget_advised_after_the_probe_ran_out_leaves_room_for_a_plan(tmp_path, checkpoint, evaluation):
+    """A budget that ran out after 19 steps of 0.45 s and an evaluation: a resume counts the seconds already trained
+    and times a probe of its own, a new run times the probe and the evaluation again; either way the advised
+    budget leaves steps to decay in after that probe and its evaluation."""
+    from hf_minitx.training.run_length import refuse_unplanned_budget
+
+    budget = TimeBudget(30.0, eval_steps=50, seconds_per_evaluation=evaluation or None)
+    state = SimpleNamespace(step=19, train_seconds=19 * 0.45)
+    run = SimpleNamespace(budget=budget, checkpoint_fields={}, output_dir=tmp_path)
+    outcome = SimpleNamespace(stopped_by_time_budget=True,
+                              checkpoint=tmp_path / "checkpoint-19" if checkpoint else None)
+    with pytest.raises(ValueError) as refused:
+        refuse_unplanned_budget(run, state, outcome)
+    said = str(refused.value)
+    assert ("of about 0.45 s and an evaluation of 21.0 s, inside" in said) == bool(evaluation)
+    minutes = float(said.split("--max_minutes ")[2].split()[0])
+    assert ("--resume_from_checkpoint latest --max_minutes" in said) == checkpoint
+    done, spent = (19, state.train_seconds) if checkpoint else (0, 0.0)
+    spent += budget.probe_steps * 0.45 + evaluation  # the probe of the run that follows the advice, its evaluation
+    assert TimeBudget(minutes * 60).steps_that_fit(  # and as many steps again
+        done + budget.probe_steps, spent, 0.45, 0.0) >= done + 2 * budget.probe_steps
+
+
 def test_a_stable_phase_is_timed_twice_and_the_second_plan_keeps_the_decay_ahead():
     budget = TimeBudget(100.0, decay_ratio=0.3)
     assert budget.plan(20, 900, 0.1, 0.0) == 900 and not budget.fixed  # timed again, up to half the plan
@@ -141,12 +165,13 @@ def test_a_machine_slower_than_its_timing_before_the_decay_gets_a_shorter_plan_t
     summary = slowed_run(text_file, out, monkeypatch, lambda budget, step: budget.fixed)  # from the final plan on
     plan, decay = summary["time_budget"], summary["recipe"]["schedule"]["decay_steps"]
     assert plan["ended_by"] == "plan" and plan["steps_run"] == plan["planned_steps"] == summary["steps"]
-    assert plan["replanned_at_step"] < plan["planned_steps"] - decay  # before the decay, which it did not move
+    assert max(plan["replanned_at_steps"]) < plan["planned_steps"] - decay  # before the decay, which it did not move
     assert summary["train_seconds"] <= 6.0 and plan["seconds_per_step"] == pytest.approx(0.012, rel=0.05)
     rates = [r["learning_rate"] for r in records(out, "train")]
     assert rates[-1] <= 3e-3 / decay + 1e-12  # the last step ran at the decay's last rate
     card = (out / "README.md").read_text()
-    assert f"laid again at the steps' pace, last at step {plan['replanned_at_step']:,}" in card
+    *first, last = [f"{step:,}" for step in plan["replanned_at_steps"]]
+    assert f"laid again at the steps' pace at step {', '.join(first) + ' and ' if first else ''}{last}" in card
 
 
 @pytest.mark.slow
@@ -156,6 +181,7 @@ def test_a_slowdown_that_passes_costs_no_steps(text_file, tmp_path, monkeypatch)
     plan = summary["time_budget"]
     assert plan["ended_by"] == "plan" and plan["steps_run"] == plan["planned_steps"]
     assert 0.9 * 6.0 <= summary["train_seconds"] <= 6.0  # the plan grew back once the steps were fast again
+    assert len(plan["replanned_at_steps"]) >= 2  # shortened, then lengthened: each on record
 
 
 @pytest.mark.slow
@@ -396,8 +422,8 @@ def test_a_budget_spent_inside_its_probe_names_a_step_without_the_shape_timing_a
     assert "--max_minutes 0.15 (9.0 s) (the teacher's share of a 0.3-minute budget split in two)" in said
     assert "8 step(s) of about 0.38 s" in said  # not (6 + 3) / 8 = 1.12 s
     advised = float(said.split("--resume_from_checkpoint latest --max_minutes ")[1].split()[0])
-    assert advised == run.budget.shortest_budget(0.375, 6.0)  # the timing stays on the resumed clock
-    assert advised * 60 * (1 - MARGIN) > 6.0 + 2 * 20 * 0.375  # room for the probe and as many steps, after it
+    assert advised == run.budget.shortest_budget(0.375, 9.0)  # the timing and the 8 steps stay on the resumed clock
+    assert advised * 60 * (1 - MARGIN) > 9.0 + 2 * 20 * 0.375  # room for a new probe and as many steps, after it
     run.budget = TimeBudget(seconds=18.0)  # a budget given to a resume is not the teacher's share: not said so
     with pytest.raises(ValueError) as refused:
         refuse_unplanned_budget(run, state, outcome)
