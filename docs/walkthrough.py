@@ -231,6 +231,7 @@ print(type(reloaded).__name__, "· same logits as before saving:", same, "·", t
 from hf_minitx.tools.explore import explore_data, write_explorer
 
 text = "5 9 7 4 12 6 15 8"
+# in the walkthrough's temporary folder, gone when the kernel stops: give a path of your own to keep the page
 page = write_explorer(workdir / "copy", text, workdir / "copy-explorer.html", target=text)
 print(f"wrote {page} ({page.stat().st_size / 1e3:.0f} kB)")
 data = explore_data(workdir / "copy", text, target=text)

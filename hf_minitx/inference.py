@@ -27,6 +27,7 @@ from transformers.utils import logging as hf_logging
 
 from .data.tokenizer import checked_texts, load_tokenizer
 from .device import pick_device, pick_dtype, random_state_kept
+from .folders import read_marker
 from .model_files import WEIGHTS_FILE, read_folder_config, read_safetensors_header
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -104,6 +105,14 @@ def quiet_load_report() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def _no_tokenizer_advice(folder: Path) -> str:
+    """What to do with a model folder that has no tokenizer: a `minitx experiment` model reads token ids."""
+    if (read_marker(folder) or {}).get("command") == "experiment":
+        return ("it was made by `minitx experiment`, whose models read token ids: `minitx explore` and `minitx "
+                "visualize` take them as text (\"5 9 7\"), and in Python `model.generate(torch.tensor([[5, 9, 7]]))`")
+    return "save the tokenizer next to the model (`tokenizer.save_pretrained(folder)`)"
+
+
 def load_model_folder(
     model_dir: str | Path,
     *,
@@ -127,7 +136,7 @@ def load_model_folder(
     read_safetensors_header(folder / WEIGHTS_FILE)  # a truncated or corrupt file is named here
     has_tokenizer = any((folder / name).is_file() for name in TOKENIZER_FILES)
     if need_tokenizer and not has_tokenizer:
-        raise FileNotFoundError(f"{folder} holds no tokenizer (tokenizer.json); save the tokenizer next to the model")
+        raise FileNotFoundError(f"{folder} holds no tokenizer (tokenizer.json); {_no_tokenizer_advice(folder)}")
     chosen_device = device if isinstance(device, torch.device) else pick_device(device)
     chosen_dtype = dtype if isinstance(dtype, torch.dtype) else pick_dtype(chosen_device, dtype)
     auto = AutoModelForSeq2SeqLM if config.get("is_encoder_decoder") else AutoModelForCausalLM

@@ -291,3 +291,15 @@ def test_several_continuations_are_printed_with_a_rule_between(causal_dir, capsy
     with mock.patch.object(inference, "generate", return_value=[" one"]):
         inference.main(["--model", str(causal_dir), "--prompt", "a"])
     assert capsys.readouterr().out == "a one\n"  # one prompt: no rule
+
+
+def test_a_folder_without_a_tokenizer_says_what_to_do_and_an_experiments_model_how_to_feed_it_ids(broken, capsys):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (broken / name).unlink(missing_ok=True)
+    assert minitx(["generate", "--model", str(broken), "--prompt", "5 9 7"]) == 2
+    assert "save the tokenizer next to the model (`tokenizer.save_pretrained(folder)`)" in capsys.readouterr().err
+    (broken / ".minitx-run.json").write_text(json.dumps({"command": "experiment", "run_id": "x"}))
+    assert minitx(["generate", "--model", str(broken), "--prompt", "5 9 7"]) == 2
+    err = capsys.readouterr().err
+    assert "made by `minitx experiment`, whose models read token ids: `minitx explore`" in err
+    assert "save the tokenizer" not in err

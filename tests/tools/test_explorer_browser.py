@@ -249,3 +249,18 @@ def test_64_tokens_and_8_heads_fit_the_window(browser, tmp_path):
         "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
     assert page_width <= window_width, f"the page is {page_width} px wide in a {window_width} px window"
     assert not [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def test_tabs_and_line_breaks_are_shown_escaped_and_spaces_as_dots(page, browser, tmp_path):
+    """Whitespace a chip would show as a gap (or not at all) is written as the escape it is."""
+    from selenium.webdriver.common.by import By
+
+    from hf_minitx.cli import main as minitx
+
+    out = tmp_path / "whitespace.html"
+    run = page.parent / "run"  # the run the `page` fixture trained (or MINITX_EXPLORE_RUN)
+    run = Path(os.environ.get("MINITX_EXPLORE_RUN") or run)
+    assert minitx(["explore", "--model", str(run), "--text", "the\tquick\r\nfox jumps", "--out", str(out)]) == 0
+    browser.get(out.as_uri())
+    chips = "".join(e.text for e in browser.find_elements(By.CSS_SELECTOR, "#tokens .tok"))
+    assert chips == "the\\tquick\\r\\nfox\u00b7jumps", chips
