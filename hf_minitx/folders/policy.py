@@ -135,8 +135,8 @@ def check_apart(folder: Path, inputs: Iterable[tuple[str, str | Path]], *, optio
     for name, path in inputs:
         where = Path(path).expanduser().resolve()
         if where.is_dir() and (where == root or where in root.parents):
-            raise FolderRefused(f"{option} {folder} is inside {path} ({name}), which this command reads: the run "
-                                f"would be written into its own input; choose an {option} outside {path}")
+            raise FolderRefused(f"{option} {folder} is inside {path} ({name}), which this command reads: its "
+                                f"output would be written into its own input; choose an {option} outside {path}")
 
 
 def check_inputs_outside(folder: Path, inputs: Iterable[tuple[str, str | Path]], *, option: str) -> None:

@@ -278,7 +278,8 @@ def dry_run(
         check_repo_id(repo_id)
     if prompt is not None and not prompt.strip():
         raise ValueError("--prompt is empty; give a few words for the generation check, or leave --prompt out")
-    with output_folder(staging_dir, command="push", flag=None, overwrite=False, option="--dry_run") as folder:
+    with output_folder(staging_dir, command="push", flag=None, overwrite=False, option="--dry_run",
+                       inputs=[("--model_dir", model_dir)]) as folder:  # not staged inside the folder it copies
         staging = stage_for_upload(model_dir, folder, repo_id=repo_id, explorer=explorer)  # lock held to the end
         return staging, check_loads_without_package(staging, prompt=prompt, max_new_tokens=max_new_tokens)
 

@@ -55,6 +55,14 @@ def test_stage_copies_exactly_the_shareable_files(causal_copy, tmp_path):
         stage_for_upload(causal_copy, staging)
 
 
+def test_a_dry_run_is_not_staged_inside_the_folder_it_copies(causal_copy, capsys):
+    inside = causal_copy / "stage"
+    assert minitx(["push", "--model_dir", str(causal_copy), "--dry_run", str(inside)]) == 2
+    assert (f"--dry_run {inside} is inside {causal_copy} (--model_dir), which this command reads: its output would "
+            "be written into its own input") in capsys.readouterr().err
+    assert not inside.exists()
+
+
 def test_a_card_staged_without_a_repo_id_is_named_after_the_model_folder(causal_copy, tmp_path):
     card = (stage_for_upload(causal_copy, tmp_path / "stage") / "README.md").read_text()
     assert f"\n# {causal_copy.name}\n" in card and f'"your-username/{causal_copy.name}"' in card
