@@ -141,6 +141,13 @@ def test_an_output_whose_folder_cannot_be_made_is_named_before_any_work(tmp_path
         with output_lock.holding_lock(Path("/proc/no-such/page.html"), command="explore", option="--out",
                                       single_file=True):
             pass
+    for argv in (["visualize", "masks", "--out", "/proc/no-such/m.png"],
+                 ["benchmark", "--json", "/proc/no-such/b.json"]):
+        assert minitx(argv) == 2  # before drawing, before benchmarking
+        assert capsys.readouterr().err.startswith(f"error: {argv[-2]} {argv[-1]} cannot be made (No such file or")
+    deep = tmp_path / "new" / "er" / "page.png"  # a folder that can be made is left to the write: nothing made yet
+    assert check_output_file(deep, overwrite=False, option="--out", is_ours=html_written_by_us) == deep
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
 
 
 def test_a_second_writer_is_refused_naming_the_first_and_nothing_is_written(tmp_path):

@@ -14,8 +14,8 @@ Folders (`train`, `experiment`, `train-tokenizer`, `push --dry_run`):
 - an output folder inside an input folder, or an input inside the output folder, is refused;
 - the replace flag replaces only a folder a minitx command made (the marker, or a run's files); anything
   else needs ``--overwrite_any_folder`` (train) or is refused, naming what it would delete;
-- the old contents are removed only after every check has passed (``replace_folder``; a training run under a
-  time budget keeps them aside until it stops, and puts them back where the budget ran out in its probe), and
+- the old contents are removed only after every check has passed (``replace_folder``; a training run keeps them
+  aside until training stops, and puts them back where it stops before a model or a checkpoint exists), and
   new folders are built in a hidden sibling and renamed into place (``write_folder``), so an interruption leaves
   the old complete folder or the new complete one. A folder that cannot be renamed (a mount point, a Docker volume)
   is emptied and written inside instead, and a file that cannot be renamed across file systems is moved.

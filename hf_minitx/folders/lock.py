@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .paths import LOCK_FILE, FolderRefused
+from .paths import LOCK_FILE, FolderRefused, make_folder
 
 _held: dict[Path, tuple[int, Path]] = {}  # output (resolved) -> descriptor and path of the lock this process holds
 
@@ -132,20 +132,6 @@ def lock_folder(folder: Path, *, command: str, option: str = "--output_dir") -> 
     taken over with a note on stderr."""
     make_folder(folder, option=option)
     _take_lock(folder, folder / LOCK_FILE, command=command, option=option)
-
-
-def make_folder(folder: Path, *, option: str, named: Path | None = None) -> None:
-    """Create ``folder`` (and its parents) before any work; one that cannot be made is an error naming the part of
-    the path the system refused and why (``/proc/x``: no such folder; ``/sys/run``: not permitted), and ``named``
-    (default: the folder) as the user gave it."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        if isinstance(error, (FileExistsError, NotADirectoryError)) or error.errno is None:
-            raise
-        where = os.fsdecode(error.filename) if error.filename else str(folder)
-        raise FolderRefused(f"{option} {named or folder} cannot be made ({error.strerror}: {where}); choose a "
-                            "folder where you can write") from None
 
 
 def unlock_folder(folder: Path) -> None:

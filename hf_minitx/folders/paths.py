@@ -38,6 +38,33 @@ def check_not_under_a_file(path: Path, *, option: str) -> None:
         raise NotADirectoryError(f"{option} {path}: {blocking} is a file, not a folder; choose another {option}")
 
 
+def make_folder(folder: Path, *, option: str, named: Path | None = None) -> None:
+    """Create ``folder`` (and its parents) before any work; one that cannot be made is an error naming the part of
+    the path the system refused and why (``/proc/x``: no such folder; ``/sys/run``: not permitted), and ``named``
+    (default: the folder) as the user gave it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        if isinstance(error, (FileExistsError, NotADirectoryError)) or error.errno is None:
+            raise
+        where = os.fsdecode(error.filename) if error.filename else str(folder)
+        raise FolderRefused(f"{option} {named or folder} cannot be made ({error.strerror}: {where}); choose a "
+                            "folder where you can write") from None
+
+
+def check_can_make(folder: Path, *, option: str, named: Path | None = None) -> None:
+    """Refuse, before any work, a folder the system will not create (``make_folder``'s error); the folders made to
+    find out are removed again, so nothing is left when the command writes later or not at all."""
+    made = next((path for path in reversed((folder, *folder.parents)) if not path.exists()), None)
+    if made is None:
+        return
+    make_folder(folder, option=option, named=named)
+    for path in (folder, *folder.parents):
+        path.rmdir()
+        if path == made:
+            break
+
+
 def describe_contents(folder: Path, limit: int = 5) -> str:
     """A short listing such as "tokenizer.json, README.md and 3 more"."""
     names = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir() if p.name != LOCK_FILE)

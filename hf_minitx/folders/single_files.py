@@ -7,7 +7,7 @@ import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
-from .paths import check_not_under_a_file
+from .paths import check_can_make, check_not_under_a_file
 
 WRITTEN_BY = "hf_minitx"  # the tag our single-file outputs carry (PNG text chunk "Software", JSON "written_by")
 HTML_TAG = f'<meta name="generator" content="{WRITTEN_BY}">'  # the tag our HTML pages carry in their head
@@ -23,6 +23,7 @@ def check_output_file(path: str | Path, *, overwrite: bool, option: str, is_ours
     if out.is_dir():
         raise IsADirectoryError(f"{option} {out} is a folder; give a file path")
     check_not_under_a_file(out, option=option)
+    check_can_make(out.parent, option=option, named=out)  # a folder the system will not create, before any work
     if out.exists() and not overwrite and not is_ours(out):
         raise FileExistsError(
             f"{option} {out} exists and was not written by minitx; pass --overwrite to replace it, or choose "

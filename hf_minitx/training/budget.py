@@ -78,6 +78,7 @@ class TimeBudget:
     first_fraction: float | None = None  # the smallest of --eval_steps/--checkpointing_steps in (0, 1): placed on
     # the final plan, so the second timing ends before that fraction of the run (unless it waits for slower_from)
     slower_from: int | None = None  # the step from which steps cost more (--late_dropout switches dropout on)
+    startup_seconds: float = 0.0  # this process's untimed first steps (``Probe.untimed``), for a refusal's advice
     replanned_at: list[int] = field(default_factory=list)  # the steps where the plan was laid again at the steps'
     # pace (paced_plan)
     span_ratio: float = 1.0  # what the guard times of a step (``Probe.spans``) over what the plan times of it
@@ -285,6 +286,7 @@ class Probe:
     last: int  # the plan is made after this step
     seconds: float = 0.0
     spans: float = 0.0  # the same steps as the guard times them (``TimeBudget.span_ratio``)
+    untimed: float = 0.0  # the steps before ``first_timed``: a process's start-up (a refusal's advice pays it again)
 
     @classmethod
     def window(cls, budget: TimeBudget, step: int) -> Probe | None:
@@ -300,6 +302,8 @@ class Probe:
         if step > self.first_timed:
             self.seconds += seconds
             self.spans += span
+        else:
+            self.untimed += seconds
         return step >= self.last
 
     @property

@@ -8,9 +8,8 @@
       save_checkpoint  (checkpoints.py) accelerator state + run_state.json (the RunState) in checkpoint-STEP/
     finish           (end_of_run.py) the summary, the model folder, the loss curve, the model card (and the push)
 
-Runs as ``minitx train ...`` or ``accelerate launch --num_processes N -m hf_minitx train ...``. The toy
-experiments (``minitx experiment``) build a TrainingRun from in-memory token ids and call the same
-``fit()`` and ``finish()``: one loop, one metrics format.
+Runs as ``minitx train ...`` or ``accelerate launch --num_processes N -m hf_minitx train ...``. The toy experiments
+(``minitx experiment``) build a TrainingRun from in-memory token ids and call the same ``fit()`` and ``finish()``.
 
 The loop knows nothing of the model's internals: it feeds batches, takes the logits and computes the token
 cross-entropy itself (the ``Objective``), so that the loss of an optimizer step is the mean over the labelled
@@ -233,7 +232,7 @@ def fit(run: TrainingRun, state: RunState) -> FitOutcome:
             if stop_wished(run, signals.received):
                 outcome.interrupted_by = signals.received or signal.SIGTERM
                 outcome.checkpoint = checkpoint_of_last_step(run, state, untrained)
-        if outcome.interrupted_by is None:
+        if outcome.interrupted_by is None and not refused:
             keep_best(run, state, outcome)
     if outcome.interrupted_by is None and settings.calibrate and not refused:  # seconds, then the final save
         with StopSignals(then="completing the temperature fit and the final save, then stopping",
@@ -440,12 +439,14 @@ class PlanTiming:
             return -1, False
         step_start, start = starts
         span = state.train_seconds - (step_start - start)  # drawing the window and the optimizer step
-        if self.probe is not None and self.probe.timed(state.step, time.perf_counter() - step_start
-                                                       - evaluation_seconds, span):
+        probe = self.probe
+        if probe is not None and probe.timed(state.step, time.perf_counter() - step_start - evaluation_seconds, span):
             self.probe, made = fix_plan(run, state, self.probe, time.perf_counter() - start,  # may evaluate once
                                         evaluation_seconds if evaluated_at == state.step else None)
             self.guard = run.budget.guard_window(state.step)
             return made, True
+        if probe is not None:  # its first steps, untimed: a process's start-up, which a refusal's advice pays again
+            run.budget.startup_seconds = probe.untimed
         if self.guard is not None and self.guard.timed(state.step, span):
             relaid = keep_pace(run, state, self.guard, time.perf_counter() - start)
             if relaid and self.probe is not None and self.probe.last >= run.budget.decay_from:

@@ -57,12 +57,16 @@ def lock_output_folder(plan: RunPlan) -> None:
         if orphan != tokenizer_staging(plan):
             shutil.rmtree(orphan, ignore_errors=True)
             print(f"note: removed {orphan}, a tokenizer left half-saved by a run that was killed")
+    for aside in plan.output_dir.parent.glob(f".{plan.output_dir.name}.replaced-*"):  # not deleted: the user's
+        print(f"note: {aside} holds what {plan.output_dir} held before a run that was killed replaced it; move it "
+              "back or delete it yourself")
 
 
 def release_unclaimed(plan: RunPlan) -> None:
     """After a failure before the folder was claimed: no staging folder is left, and a folder made only to hold
     the lock is removed (its lock with it)."""
     shutil.rmtree(tokenizer_staging(plan), ignore_errors=True)
+    settle_replaced(plan, restore=True)  # claimed, but no step was made: the replaced folder's contents come back
     if plan.claimed is None and plan.made_folder:
         unlock_folder(plan.output_dir)
         shutil.rmtree(plan.output_dir, ignore_errors=True)
@@ -105,9 +109,8 @@ def claim_output_folder(plan: RunPlan) -> str:
         folder = plan.output_dir
         plan.claimed = ("missing" if plan.made_folder or not folder.exists()
                         else "replaced" if describe_contents(folder) else "empty")
-        # a time budget's probe may find it too short: the old contents wait aside until the run ends (settle_replaced)
-        run_id, plan.set_aside = replace_folder(plan.output_dir, command="train",
-                                                keep_old=plan.train_args.max_minutes is not None)
+        # setup may fail, a time budget's probe may find it too short: the old contents wait aside (settle_replaced)
+        run_id, plan.set_aside = replace_folder(plan.output_dir, command="train", keep_old=True)
     else:
         plan.claimed = "resumed"
         lock_folder(plan.output_dir, command="train")
@@ -126,25 +129,29 @@ def abandon_setup(plan: RunPlan | None) -> str:
     folder; a new run's marker and tokenizer), and say in one line what is left."""
     if plan is None:
         return "interrupted before training started; nothing was written"
-    release_unclaimed(plan)
+    kept_aside = plan.set_aside is not None
+    release_unclaimed(plan)  # the old contents kept aside are back
     folder = plan.output_dir
     if plan.claimed == "resumed":
         return f"interrupted before training resumed; the run in {folder} is as it was: resume it again"
+    if kept_aside:
+        return f"interrupted before training started; {folder} holds its old contents again: nothing was replaced"
     if plan.claimed == "missing":
         shutil.rmtree(folder, ignore_errors=True)
     elif plan.claimed in ("empty", "replaced"):  # holds only what this run put there
         for path in folder.iterdir():
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-    if plan.claimed == "replaced":
+    if plan.claimed == "replaced":  # a mount point, emptied in place: nothing could be kept aside
         return (f"interrupted before training started; the old contents of {folder} had already been replaced "
                 "(--overwrite_output_dir), so it is left empty")
     return "interrupted before training started; nothing was written"
 
 
 def settle_replaced(plan: RunPlan, *, restore: bool) -> bool:
-    """The old contents of a folder this run replaced under a time budget (``claim_output_folder`` kept them
-    aside): with ``restore`` (the budget ran out inside its probe, or the run failed), they take the folder's place
-    again and what the run wrote is deleted; otherwise they are deleted. True when they were put back."""
+    """The old contents of a folder this run replaced (``claim_output_folder`` kept them aside): with ``restore``
+    (setup failed or was interrupted, or a time budget ran out inside its probe: no model and nothing to resume),
+    they take the folder's place again and what the run wrote is deleted; otherwise (training stopped: its model or
+    a checkpoint to resume is there) they are deleted. True when they were put back."""
     aside, plan.set_aside = plan.set_aside, None
     if aside is None or not aside.is_dir():
         return False

@@ -155,7 +155,9 @@ def refuse_unplanned_budget(run: TrainingRun, state: RunState, outcome: FitOutco
              if share and math.isclose(budget.seconds / 60, share["teacher_minutes"]) else "")
     evaluation = budget.seconds_per_evaluation or 0.0  # timed by the probe (fix_plan), on the clock of no step
     made = f" and an evaluation of {evaluation:.1f} s" if evaluation else ""
-    # a resumed budget counts the seconds trained so far (not that evaluation), then times a probe of its own
+    # a new process starts up again (its first steps), and a resumed budget counts the seconds trained so far (not
+    # that evaluation), then times a probe of its own
+    evaluation += budget.startup_seconds
     again = f"--max_minutes {budget.shortest_budget(step_seconds, timing + evaluation):g} or more"
     resume = (f"{run.output_dir} holds its old contents again, as nothing was replaced: run again with {again}"
               if old_back else f"{outcome.checkpoint} holds them: resume it with --resume_from_checkpoint latest "

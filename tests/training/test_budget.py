@@ -47,14 +47,25 @@ def test_the_plan_fits_the_steps_and_evaluations_in_what_is_left_of_the_budget()
     assert TimeBudget(5.0).steps_that_fit(20, 10.0, 0.1, 0.0) == 20  # the probe ate the budget
 
 
+def test_the_probe_keeps_its_untimed_first_steps_apart_as_the_processs_start_up():
+    from hf_minitx.training.budget import TIMED_FROM, Probe
+
+    probe = Probe.window(TimeBudget(60.0), 0)
+    costs = [2.0, 0.5] + [0.1] * (probe.last - 2)
+    assert not any(probe.timed(step, cost) for step, cost in enumerate(costs[:-1], start=1))
+    assert probe.timed(probe.last, costs[-1])
+    assert probe.untimed == pytest.approx(sum(costs[:TIMED_FROM]))
+    assert probe.seconds_per_step == pytest.approx(0.1)
+
+
 @pytest.mark.parametrize("checkpoint, evaluation", [(True, 0.0), (True, 21.0), (False, 21.0)])
 def test_the_budget_advised_after_the_probe_ran_out_leaves_room_for_a_plan(tmp_path, checkpoint, evaluation):
     """A budget that ran out after 19 steps of 0.45 s and an evaluation: a resume counts the seconds already trained
-    and times a probe of its own, a new run times the probe and the evaluation again; either way the advised
-    budget leaves steps to decay in after that probe and its evaluation."""
+    and times a probe of its own, a new run times the probe and the evaluation again, and either starts up again
+    (its first steps, 1.5 s here); the advised budget leaves steps to decay in after all that."""
     from hf_minitx.training.run_length import refuse_unplanned_budget
 
-    budget = TimeBudget(30.0, eval_steps=50, seconds_per_evaluation=evaluation or None)
+    budget = TimeBudget(30.0, eval_steps=50, seconds_per_evaluation=evaluation or None, startup_seconds=1.5)
     state = SimpleNamespace(step=19, train_seconds=19 * 0.45)
     run = SimpleNamespace(budget=budget, checkpoint_fields={}, output_dir=tmp_path)
     outcome = SimpleNamespace(stopped_by_time_budget=True,
@@ -66,7 +77,7 @@ def test_the_budget_advised_after_the_probe_ran_out_leaves_room_for_a_plan(tmp_p
     minutes = float(said.split("--max_minutes ")[2].split()[0])
     assert ("--resume_from_checkpoint latest --max_minutes" in said) == checkpoint
     done, spent = (19, state.train_seconds) if checkpoint else (0, 0.0)
-    spent += budget.probe_steps * 0.45 + evaluation  # the probe of the run that follows the advice, its evaluation
+    spent += 1.5 + budget.probe_steps * 0.45 + evaluation  # the start-up, probe and evaluation of the run after
     assert TimeBudget(minutes * 60).steps_that_fit(  # and as many steps again
         done + budget.probe_steps, spent, 0.45, 0.0) >= done + 2 * budget.probe_steps
 

@@ -283,7 +283,13 @@ def slow_load(path):
     if where == "staged" and path.endswith(".partial"):
         pause()  # the freshly trained tokenizer waits in its staging folder
     return real_load(path)
-setup.load_training_corpus, run_folder.load_tokenizer = slow_corpus, slow_load
+real_claim = setup.claim_output_folder
+def slow_claim(plan):
+    run_id = real_claim(plan)
+    if where == "claimed":
+        pause()  # the folder is replaced, no step is made yet
+    return run_id
+setup.load_training_corpus, run_folder.load_tokenizer, setup.claim_output_folder = slow_corpus, slow_load, slow_claim
 from hf_minitx.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -402,6 +408,52 @@ def test_ctrl_c_during_startup_ends_in_one_line_and_leaves_nothing(tmp_path, tex
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1] == "interrupted before training started; nothing was written"
     assert list(tmp_path.iterdir()) == []  # no output folder, no tokenizer staging folder
+
+
+def contents(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_replaced_folder_comes_back_when_setup_is_interrupted_or_fails(finished_run, text_file, tmp_path,  # noqa: F811
+                                                                         monkeypatch):
+    """The old contents wait aside from the claim to the first step's end: Ctrl-C or a failure in between puts them
+    back, byte for byte, and leaves no hidden sibling."""
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    before = contents(out)
+    process = subprocess.Popen(
+        [sys.executable, "-c", STARTUP_HOOK, "train", *causal_args(text_file, out, "--max_steps", "2",
+                                                                    "--overwrite_output_dir")],
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "TEST_PAUSE_AT": "claimed"}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ctrl_c_as_in_a_terminal)
+    assert any(line.strip() == "PAUSED" for line in iter(process.stdout.readline, ""))
+    assert not (out / "model.safetensors").exists() and len(list(tmp_path.glob(".run.replaced-*"))) == 1
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == (f"interrupted before training started; {out} holds its old "
+                                               "contents again: nothing was replaced")
+    assert contents(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+    from hf_minitx.training import setup
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("a failure after the claim")
+
+    monkeypatch.setattr(setup, "build_evaluation", fail)
+    with pytest.raises(RuntimeError, match="a failure after the claim"):
+        train_main(causal_args(text_file, out, "--max_steps", "2", "--overwrite_output_dir"))
+    assert contents(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_old_contents_a_killed_run_kept_aside_are_named_not_deleted(finished_run, text_file, tmp_path,  # noqa: F811
+                                                                    capsys):
+    out, aside = tmp_path / "run", tmp_path / ".run.replaced-99999"
+    shutil.copytree(finished_run, aside)  # as kill -9 leaves them, beside the run that replaced them
+    train_main(causal_args(text_file, out, "--max_steps", "1"))
+    assert (f"note: {aside} holds what {out} held before a run that was killed replaced it; move it back or "
+            "delete it yourself") in capsys.readouterr().out
+    assert contents(aside) == contents(finished_run)
 
 
 def test_ctrl_c_while_the_libraries_load_ends_in_one_line(tmp_path):
