@@ -214,6 +214,22 @@ def check_fits_positions(model: PreTrainedModel, used: int, max_new_tokens: int 
                      + ("; shorten the prompt" if fit < 1 else f"; pass --max_new_tokens {fit} or less"))
 
 
+def check_sources_fit(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sources: list[str], *,
+                      refuse_past_training: bool = False) -> None:
+    """Refuse a source longer than the encoder's positions, naming it (a table has no row past them); with rotary
+    positions, past the context it was trained on is warned about, or refused with ``refuse_past_training``."""
+    lengths = [len(ids) for ids in tokenizer(sources, split_special_tokens=True, verbose=False)["input_ids"]]
+    limit, longest = model.config.max_position_embeddings, max(lengths)
+    if longest <= limit:
+        return
+    which = lengths.index(longest)
+    said = (f"prompt {which} takes {longest} tokens and the encoder has {limit} positions "
+            f"({model.config.position_embedding_type})")
+    if model.config.position_table or refuse_past_training:
+        raise ValueError(f"{said}; shorten it")
+    logger.warning(f"{said}, the context it was trained on; past it, expect the output to degrade")
+
+
 @torch.no_grad()
 def generate_texts(
     model: PreTrainedModel,
@@ -301,6 +317,7 @@ def generate(
                 if empty:
                     raise ValueError(f"prompt {empty[0]} is empty; give every prompt some text to translate")
                 check_fits_positions(model, 1, kwargs.get("max_new_tokens"), refuse_past_training=refuse_past_training)
+                check_sources_fit(model, tokenizer, prompts, refuse_past_training=refuse_past_training)
                 return generate_texts(model, tokenizer, prompts, batch_size=len(prompts), **kwargs)
             return _continue_prompts(model, tokenizer, prompts, refuse_past_training=refuse_past_training, **kwargs)
     finally:

@@ -3,6 +3,7 @@ half-random model), and generation settings are checked before any work."""
 
 import copy
 import json
+import re
 import shutil
 from unittest import mock
 
@@ -208,6 +209,26 @@ def test_seq2seq_generation_longer_than_the_decoder_positions_is_refused(tokeniz
     model, tok = load_model_folder(folder, device="cpu")
     with pytest.raises(ValueError, match="the decoder's start takes 1, so at most 16 new tokens fit"):
         generate(model, tok, ["the cat"], max_new_tokens=40)
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "rope"])
+def test_a_source_longer_than_the_encoder_positions_is_named(tokenizer, tmp_path, positions, caplog):
+    config = MiniTxConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=64, max_position_embeddings=16, is_encoder_decoder=True,
+                          position_embedding_type=positions, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                          decoder_start_token_id=1)
+    model, tok = load_model_folder(_save(MiniTxForConditionalGeneration(config), tokenizer, tmp_path / "s2s"),
+                                   device="cpu")
+    long = "the cat sat on the mat " * 10
+    said = rf"prompt 1 takes \d+ tokens and the encoder has 16 positions \({positions}\)"
+    with pytest.raises(ValueError, match=said + "; shorten it"):  # the CLI refuses, whatever the positions
+        generate(model, tok, ["the cat", long], max_new_tokens=2, refuse_past_training=True)
+    if positions == "rope":  # in Python, past the trained context is warned about, as transformers does
+        assert len(generate(model, tok, ["the cat", long], max_new_tokens=2)) == 2
+        assert re.search(said + ", the context it was trained on", caplog.text)
+    else:  # a table has no row past its end
+        with pytest.raises(ValueError, match=said):
+            generate(model, tok, ["the cat", long], max_new_tokens=2)
 
 
 def test_empty_prompt_is_refused(causal_dir):

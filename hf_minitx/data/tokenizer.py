@@ -139,6 +139,12 @@ def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerFast:
         raise FileNotFoundError(f"{folder} holds no tokenizer (no tokenizer.json or tokenizer_config.json); pass a "
                                 "folder written by minitx train-tokenizer or tokenizer.save_pretrained, or leave "
                                 "--tokenizer out to train one")
+    slow = [name for name in ("vocab.json", "merges.txt", "spiece.model", "vocab.txt") if (folder / name).is_file()]
+    if missing == ["tokenizer.json"] and slow:
+        raise FileNotFoundError(f"{folder} holds a tokenizer in a slow format ({', '.join(slow)}) without "
+                                "tokenizer.json, which minitx reads: write one with `AutoTokenizer.from_pretrained"
+                                "(folder).save_pretrained(folder)` (where that loads it), or leave --tokenizer out "
+                                "to train one")
     if missing:
         raise FileNotFoundError(f"{folder / missing[0]} is missing: the tokenizer folder is incomplete; save the "
                                 "tokenizer again (tokenizer.save_pretrained) or copy the file back")

@@ -100,8 +100,7 @@ def _replace_remedy(folder: Path, flag: str | None, option: str, command: str | 
         anyway = f"pass {flag} {any_flag} to replace it anyway" if any_flag else "delete its contents yourself"
         return f"It was not made by minitx, so {flag} alone would not replace it: {anyway}, or choose another {option}."
     if refusal is not None:
-        return (f"It holds a run of `minitx {refusal[1].get('command')}`, which {flag} would not replace: choose "
-                f"another {option}.")
+        return f"{flag} would not replace another command's run: choose another {option}."
     resume = f" (or {resume_flag} to continue its run)" if resume_flag and holds_run_files(folder) else ""
     return f"Pass {flag} to replace it{resume}, or choose another {option}."
 

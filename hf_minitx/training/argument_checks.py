@@ -50,14 +50,14 @@ def check_data_arguments(config: MiniTxConfig, data_args: DataArguments) -> None
         **({} if data_args.tokenizer else {"tokenizer_max_texts": data_args.tokenizer_max_texts,
                                           "tokenizer_max_chars": data_args.tokenizer_max_chars}),
     }
+    if data_args.task == "seq2seq":  # first: a pair's lengths need more than any count's 1
+        for name in ("max_source_length", "max_target_length"):
+            if getattr(data_args, name) is not None and getattr(data_args, name) < 2:
+                raise ValueError(f"--{name} must be >= 2 (at least one token and <eos>), got "
+                                 f"{getattr(data_args, name)}")
     for name, value in counts.items():
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be >= 1 (or left out for the default), got {value}")
-    if data_args.task == "seq2seq":
-        for name in ("max_source_length", "max_target_length"):
-            if getattr(data_args, name) < 2:
-                raise ValueError(f"--{name} must be >= 2 (at least one token and <eos>), got "
-                                 f"{getattr(data_args, name)}")
     if data_args.block_size < 2:
         raise ValueError(f"--block_size must be >= 2 (a token and the next one to predict), got {data_args.block_size}")
     if data_args.shift_windows and (data_args.task != "causal-lm" or data_args.streaming):

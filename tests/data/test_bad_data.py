@@ -44,6 +44,25 @@ def test_empty_tokenizer_folder_says_it_holds_no_tokenizer(tmp_path):
         load_tokenizer(str(tmp_path / "tok"))
 
 
+def test_a_slow_format_tokenizer_folder_is_named_as_such_and_the_advised_conversion_loads(tmp_path):
+    import json
+
+    from tokenizers import ByteLevelBPETokenizer
+
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(TEXTS, vocab_size=300, special_tokens=["<pad>", "<bos>", "<eos>"])
+    bpe.save_model(str(slow))  # vocab.json and merges.txt: the slow GPT-2 format
+    (slow / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer", "pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>"}))
+    with pytest.raises(FileNotFoundError, match=r"holds a tokenizer in a slow format \(vocab.json, merges.txt\) "
+                                                r"without tokenizer.json, which minitx reads"):
+        load_tokenizer(str(slow))
+    AutoTokenizer.from_pretrained(slow).save_pretrained(slow)  # the advice
+    assert load_tokenizer(str(slow))("in the beginning")["input_ids"]
+
+
 def test_lone_surrogate_is_named_with_its_row_and_position(tmp_path):
     with pytest.raises(ValueError, match=r"row 5 of the texts .* at character 4, a lone surrogate"):
         train_bpe_tokenizer([*TEXTS[:5], "bad \ud800 text", *TEXTS[5:]], 300)

@@ -177,8 +177,9 @@ def test_minitx_matches_gpt2_parameter_count_at_default_shape():
 def test_data_preparation_section_compares_every_recipe_on_the_same_text():
     from hf_minitx.tools.benchmark.data_prep import BASELINES, SIDES, format_data_prep, run_data_prep
 
-    result = run_data_prep(megabytes=0.3, vocab_size=300, block_size=32, log=lambda _: None)
+    result = run_data_prep(megabytes=0.3, vocab_size=30_000, block_size=32, log=lambda _: None)
     assert set(result["sides"]) == set(SIDES) and result["text_bytes"] > 250_000
+    assert 260 < result["vocab_size"] < 30_000  # the tokenizer used: this text holds fewer merges than asked
     for figures in result["sides"].values():
         assert figures["seconds"] > 0 and figures["cpu_seconds"] > 0 and figures["rows"] > 0
         assert figures["text_mb_per_second"] == pytest.approx(result["text_bytes"] / 1e6 / figures["seconds"])

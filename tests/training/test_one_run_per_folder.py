@@ -198,7 +198,10 @@ def test_the_first_refusal_names_only_a_fix_that_works(tmp_path):
     assert "not made by minitx, so --overwrite alone would not replace it: delete its contents yourself" in refusal()
     assert "pass --overwrite --overwrite_any_folder to replace it anyway" in refusal(any_flag="--overwrite_any_folder")
     write_marker(folder, command="train", run_id="r1")
-    assert "holds a run of `minitx train`, which --overwrite would not replace" in refusal(command="export")
+    said = refusal(command="export")
+    assert said.endswith("it already holds a run of `minitx train` (.minitx-run.json, notes.txt). --overwrite would "
+                         "not replace another command's run: choose another --output_dir.")
+    assert said.count("minitx train") == 1  # said once
     assert refusal(command="train").endswith("Pass --overwrite to replace it, or choose another --output_dir.")
     assert refusal(flag=None).endswith("Choose a new or empty --output_dir.")
 

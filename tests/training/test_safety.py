@@ -344,6 +344,8 @@ def test_overwrite_refuses_a_folder_holding_the_runs_own_inputs(tmp_path, text_f
     (["--max_minutes", "nan"], "--max_minutes must be a finite number, got nan"),  # with --max_steps too
     (["--lr_scheduler_type", "warmup_stable_decay", "--min_lr_ratio", "nan"], "--min_lr_ratio must be"),
     (["--shift_windows", "true", "--streaming"], "--shift_windows cuts packed causal-lm text and does not apply"),
+    (["--task", "seq2seq", "--max_source_length", "0"], "--max_source_length must be >= 2 (at least one token and"),
+    (["--task", "seq2seq", "--max_target_length", "-1"], "--max_target_length must be >= 2 (at least one token and"),
 ])
 def test_bad_counts_are_refused_before_any_work(tmp_path, text_file, capsys, extra, message):  # noqa: F811
     out = tmp_path / "run"
