@@ -363,6 +363,8 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
                          f"{'it' if len(sampling) == 1 else 'them'} or --greedy")
     list(checked_texts(args.prompt, option="--prompt"))  # a byte the shell could not decode, named up front
     model, tokenizer = load_model_folder(args.model, device=args.device, dtype=args.dtype)
+    if model.config.is_encoder_decoder:  # a source past the encoder's positions is refused, whatever the length asked
+        check_sources_fit(model, tokenizer, args.prompt, refuse_past_training=True)
     # a sampling setting samples (a model whose generation_config is greedy would ignore it); beams search
     do_sample = True if args.do_sample or sampling else False if args.greedy or (args.num_beams or 1) > 1 else None
     outputs = generate(  # an asked length past the trained context is refused (in Python: a warning)

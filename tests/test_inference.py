@@ -212,7 +212,7 @@ def test_seq2seq_generation_longer_than_the_decoder_positions_is_refused(tokeniz
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "rope"])
-def test_a_source_longer_than_the_encoder_positions_is_named(tokenizer, tmp_path, positions, caplog):
+def test_a_source_longer_than_the_encoder_positions_is_named(tokenizer, tmp_path, positions, caplog, capsys):
     config = MiniTxConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                           intermediate_size=64, max_position_embeddings=16, is_encoder_decoder=True,
                           position_embedding_type=positions, pad_token_id=0, bos_token_id=1, eos_token_id=2,
@@ -223,6 +223,9 @@ def test_a_source_longer_than_the_encoder_positions_is_named(tokenizer, tmp_path
     said = rf"prompt 1 takes \d+ tokens and the encoder has 16 positions \({positions}\)"
     with pytest.raises(ValueError, match=said + "; shorten it"):  # the CLI refuses, whatever the positions
         generate(model, tok, ["the cat", long], max_new_tokens=2, refuse_past_training=True)
+    folder = tmp_path / "s2s"  # `minitx generate` refuses it whatever --max_new_tokens says, or without it
+    assert minitx(["generate", "--model", str(folder), "--prompt", "the cat", long]) == 2
+    assert re.search(said + "; shorten it", capsys.readouterr().err)
     if positions == "rope":  # in Python, past the trained context is warned about, as transformers does
         assert len(generate(model, tok, ["the cat", long], max_new_tokens=2)) == 2
         assert re.search(said + ", the context it was trained on", caplog.text)

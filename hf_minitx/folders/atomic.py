@@ -35,11 +35,12 @@ def replace_folder(folder: Path, *, command: str, run_id: str | None = None, kee
     if describe_contents(folder) and os.path.ismount(folder):
         _empty_in_place(folder, keep=(LOCK_FILE,))
     elif describe_contents(folder):
-        fresh = folder.with_name(f".{folder.name}.new-{os.getpid()}")
+        fresh = folder.with_name(f".{folder.name}.new-{os.getpid()}-{uuid.uuid4().hex[:6]}")
         fresh.mkdir()
         old = _swap_in(fresh, folder)
         if keep_old and old is not None:
-            aside = old.rename(folder.with_name(f".{folder.name}.replaced-{os.getpid()}"))
+            # a name no earlier run left (a restarted container reuses pids)
+            aside = old.rename(folder.with_name(f".{folder.name}.replaced-{os.getpid()}-{uuid.uuid4().hex[:6]}"))
             (aside / LOCK_FILE).unlink(missing_ok=True)  # the lock's second name: it stays held in ``folder``
         else:
             shutil.rmtree(old, ignore_errors=True)

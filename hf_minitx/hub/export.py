@@ -55,7 +55,7 @@ def _field_problems(config: PretrainedConfig, target: str, advise: bool = True) 
         wanted += [("norm_type", "layernorm", "GPT-2 uses LayerNorm"),
                    ("qk_norm", False, "GPT-2 has no QK-norm")]
     if target == "qwen3":  # Llama takes biases, but no QK-norm
-        wanted.append(("attention_bias", False, "Qwen3's attention and feed-forward have no biases"
+        wanted.append(("attention_bias", False, "Qwen3's feed-forward has no biases (attention_bias sets them here too)"
                        + (" (export with --to llama)" if other_fits else "")))
     wanted.append(("final_logit_softcap", None, f"{name} does not cap its logits"))
     problems = [(key, getattr(config, key), f"{why}; {override(key, value)}")

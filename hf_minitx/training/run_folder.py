@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import uuid
@@ -52,12 +53,12 @@ def lock_output_folder(plan: RunPlan) -> None:
     made = not plan.output_dir.exists()
     lock_folder(plan.output_dir, command="train")  # a live writer refuses (and nothing is noted)
     plan.made_folder = made
-    pattern = f".{plan.output_dir.name}.tokenizer-*{PARTIAL_SUFFIX}"
+    pattern = f".{glob.escape(plan.output_dir.name)}.tokenizer-*{PARTIAL_SUFFIX}"
     for orphan in plan.output_dir.parent.glob(pattern):  # only the lock holder stages: these are a killed run's
         if orphan != tokenizer_staging(plan):
             shutil.rmtree(orphan, ignore_errors=True)
             print(f"note: removed {orphan}, a tokenizer left half-saved by a run that was killed")
-    for aside in plan.output_dir.parent.glob(f".{plan.output_dir.name}.replaced-*"):  # not deleted: the user's
+    for aside in plan.output_dir.parent.glob(f".{glob.escape(plan.output_dir.name)}.replaced-*"):  # the user's
         print(f"note: {aside} holds what {plan.output_dir} held before a run that was killed replaced it; move it "
               "back or delete it yourself")
 

@@ -155,14 +155,18 @@ def refuse_unplanned_budget(run: TrainingRun, state: RunState, outcome: FitOutco
              if share and math.isclose(budget.seconds / 60, share["teacher_minutes"]) else "")
     evaluation = budget.seconds_per_evaluation or 0.0  # timed by the probe (fix_plan), on the clock of no step
     made = f" and an evaluation of {evaluation:.1f} s" if evaluation else ""
-    # a new process starts up again (its first steps), and a resumed budget counts the seconds trained so far (not
-    # that evaluation), then times a probe of its own
-    evaluation += budget.startup_seconds
-    again = f"--max_minutes {budget.shortest_budget(step_seconds, timing + evaluation):g} or more"
-    resume = (f"{run.output_dir} holds its old contents again, as nothing was replaced: run again with {again}"
-              if old_back else f"{outcome.checkpoint} holds them: resume it with --resume_from_checkpoint latest "
-              f"--max_minutes {budget.shortest_budget(step_seconds, state.train_seconds + evaluation):g} or more"
-              if outcome.checkpoint else f"nothing was saved: run again with {again}")
+    # a new process starts up again (its first steps), evaluates in its probe and at its end, and a resumed budget
+    # counts the seconds trained so far (not that evaluation), then times a probe of its own; never the budget that
+    # just ran out, nor less
+
+    def advised(spent: float) -> str:
+        minutes = budget.shortest_budget(step_seconds, spent + 2 * evaluation + budget.startup_seconds)
+        return f"--max_minutes {max(minutes, math.floor(budget.seconds / 60 * 100 + 1) / 100):g} or more"
+
+    resume = (f"{run.output_dir} holds its old contents again, as nothing was replaced: run again with "
+              f"{advised(timing)}" if old_back else f"{outcome.checkpoint} holds them: resume it with "
+              f"--resume_from_checkpoint latest {advised(state.train_seconds)}"
+              if outcome.checkpoint else f"nothing was saved: run again with {advised(timing)}")
     raise ValueError(f"--max_minutes {budget.seconds / 60:g} ({budget.seconds:.1f} s){whose} ran out after "
                      f"{state.step} step(s) of about {step_seconds:.2f} s{made}, inside the {budget.probe_steps}-step "
                      "timing probe that makes the plan: the schedule never decayed, so no model is saved as the run's "

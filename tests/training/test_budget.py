@@ -75,9 +75,10 @@ def test_the_budget_advised_after_the_probe_ran_out_leaves_room_for_a_plan(tmp_p
     said = str(refused.value)
     assert ("of about 0.45 s and an evaluation of 21.0 s, inside" in said) == bool(evaluation)
     minutes = float(said.split("--max_minutes ")[2].split()[0])
+    assert minutes > budget.seconds / 60  # never the budget that just ran out
     assert ("--resume_from_checkpoint latest --max_minutes" in said) == checkpoint
     done, spent = (19, state.train_seconds) if checkpoint else (0, 0.0)
-    spent += 1.5 + budget.probe_steps * 0.45 + evaluation  # the start-up, probe and evaluation of the run after
+    spent += 1.5 + budget.probe_steps * 0.45 + 2 * evaluation  # the start-up, probe, evaluations of the run after
     assert TimeBudget(minutes * 60).steps_that_fit(  # and as many steps again
         done + budget.probe_steps, spent, 0.45, 0.0) >= done + 2 * budget.probe_steps
 

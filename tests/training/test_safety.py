@@ -450,12 +450,16 @@ def test_a_replaced_folder_comes_back_when_setup_is_interrupted_or_fails(finishe
 
 def test_old_contents_a_killed_run_kept_aside_are_named_not_deleted(finished_run, text_file, tmp_path,  # noqa: F811
                                                                     capsys):
-    out, aside = tmp_path / "run", tmp_path / ".run.replaced-99999"
+    """Even where this process has the pid of the killed one (a restarted container) and replaces the folder again,
+    and where the folder's name holds glob characters."""
+    out, aside = tmp_path / "run[1]", tmp_path / f".run[1].replaced-{os.getpid()}"
     shutil.copytree(finished_run, aside)  # as kill -9 leaves them, beside the run that replaced them
-    train_main(causal_args(text_file, out, "--max_steps", "1"))
+    shutil.copytree(finished_run, out)
+    train_main(causal_args(text_file, out, "--max_steps", "1", "--overwrite_output_dir"))
     assert (f"note: {aside} holds what {out} held before a run that was killed replaced it; move it back or "
             "delete it yourself") in capsys.readouterr().out
-    assert contents(aside) == contents(finished_run)
+    assert contents(aside) == contents(finished_run) and (out / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [aside.name, out.name]  # this run's own aside is gone
 
 
 def test_ctrl_c_while_the_libraries_load_ends_in_one_line(tmp_path):

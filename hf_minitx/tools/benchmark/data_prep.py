@@ -51,11 +51,12 @@ def write_text_corpus(folder: Path, megabytes: float, files: int = 4, seed: int 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     per_file = int(megabytes * 1e6 / files)
+    draw = max(1000, min(50_000, per_file // 70))  # words a draw (7 bytes each): at least ten draws a file
     for index in range(files):
         path, size = folder / f"part{index}.txt", 0
         with open(path, "w", encoding="utf-8") as handle:
             while size < per_file:
-                picks = words[rng.choice(len(words), size=50_000, p=weights)]
+                picks = words[rng.choice(len(words), size=draw, p=weights)]
                 lengths = rng.integers(6, 18, size=len(picks) // 6)
                 lines, start = [], 0
                 for n in lengths:
@@ -165,7 +166,7 @@ def run_data_prep(*, megabytes: float = 100.0, files: list[str] | None = None, r
 
 def format_data_prep(result: dict) -> str:
     """A Markdown table of the data-preparation figures."""
-    lines = [f"data preparation: {result['text_bytes'] / 1e6:.0f} MB of text in {result['files']} .txt files, "
+    lines = [f"data preparation: {result['text_bytes'] / 1e6:.3g} MB of text in {result['files']} .txt files, "
              f"block {result['block_size']}, vocab {result['vocab_size']}, {result['cores']} cores", "",
              "| preparation | seconds | CPU seconds | text MB/s | tokens in blocks | cache bytes / text byte |",
              "|---|---:|---:|---:|---:|---:|"]
