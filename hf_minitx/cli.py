@@ -92,10 +92,24 @@ def parse_arguments(
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     if defaults:
         parser.set_defaults(**defaults)
+    check_lists_given_once(parser, list(argv or []))
     *parsed, extra = parser.parse_args_into_dataclasses(args=list(argv or []), return_remaining_strings=True)
     if extra:
         raise ValueError(_unused_message(list(argv or []), extra))
     return tuple(parsed)
+
+
+def check_lists_given_once(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Refuse an option that takes several values given more than once (``--prompt a --prompt b``): argparse would
+    keep the last one's values and drop the others without a word."""
+    for action in parser._actions:
+        if action.nargs not in ("+", "*") or not action.option_strings:
+            continue
+        given = [arg for arg in argv if arg.split("=", 1)[0] in action.option_strings]
+        if len(given) > 1:
+            option = action.option_strings[0]
+            raise ValueError(f"{option} was given {len(given)} times, and only the last one's values would be kept; "
+                             f"give all its values after one {option} (e.g. {option} a b)")
 
 
 def _unused_message(argv: list[str], extra: list[str]) -> str:

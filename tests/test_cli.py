@@ -123,3 +123,13 @@ def test_output_into_a_pipe_closed_early_ends_quietly():
                           text=True, timeout=120)
     os.close(write)
     assert done.stderr == "" and done.returncode == 1
+
+
+def test_an_option_of_several_values_given_twice_is_refused_not_cut_to_the_last(tmp_path, capsys):
+    """`--prompt a --prompt b` would generate for `b` alone; `--prompt a b` is the form."""
+    for argv in (["generate", "--model", str(tmp_path), "--prompt", "a", "--prompt", "b"],
+                 ["generate", "--model", str(tmp_path), "--prompt=a", "--prompt", "b"]):
+        assert main(argv) == 2
+        assert capsys.readouterr().err.strip() == (
+            "error: --prompt was given 2 times, and only the last one's values would be kept; give all its values "
+            "after one --prompt (e.g. --prompt a b)")

@@ -301,9 +301,19 @@ def test_check_device_refuses_a_device_that_is_not_there(causal_dir, capsys):
         assert len(err) == 1 and err[0].startswith("error:"), err
 
 
+def test_check_device_takes_model_as_generate_does_and_refuses_a_length_generate_refuses(causal_dir, capsys):
+    base = ["check-device", "--model", str(causal_dir), "--device", "cpu", "--dtypes", "float32"]
+    assert minitx([*base, "--max_new_tokens", "3"]) == 0
+    assert "all checks passed" in capsys.readouterr().out
+    assert minitx([*base, "--max_new_tokens", "300"]) == 2  # 32 learned positions
+    assert "max_new_tokens=300 does not fit: the model has 32 positions (learned)" in capsys.readouterr().err
+    assert minitx([*base, "--max_new_tokens", "0"]) == 2
+    assert "--max_new_tokens must be >= 1" in capsys.readouterr().err
+
+
 def test_a_prompt_the_shell_could_not_decode_is_named_before_loading(tmp_path, capsys):
     # no model is read first: the folder does not even exist
-    assert minitx(["generate", "--model", str(tmp_path / "none"), "--prompt", "fine", "--prompt", "a \udcff b"]) == 2
+    assert minitx(["generate", "--model", str(tmp_path / "none"), "--prompt", "fine", "a \udcff b"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--prompt 'a \\udcff b' has '\\udcff' at character 2, a byte that is not UTF-8" in err[0]
 

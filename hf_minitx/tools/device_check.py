@@ -73,6 +73,10 @@ def compare_devices(
     tokenizer, cpu_model = _load(model_dir, torch.device("cpu"), torch.float32)
     batch = tokenizer(list(prompts), return_tensors="pt", padding=True)
     batch = {key: batch[key] for key in ("input_ids", "attention_mask")}
+    from ..inference import check_fits_positions
+
+    used = 1 if cpu_model.config.is_encoder_decoder else batch["input_ids"].shape[1]  # the decoder's start
+    check_fits_positions(cpu_model, used, max_new_tokens, refuse_past_training=True)  # as `minitx generate` refuses
     reference = _logits(cpu_model, batch)
     scale = max(reference.abs().max().item(), 1.0)
     results = []
@@ -114,7 +118,8 @@ DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": 
 class DeviceCheckArguments:
     """`minitx check-device`: which folder, which device, which dtypes."""
 
-    model_dir: str = field(metadata={"help": "saved model folder (config, weights, tokenizer)"})
+    model_dir: str = field(metadata={"help": "saved model folder (config, weights, tokenizer)",
+                                     "aliases": ["--model"]})  # the name `generate`, `explore` and `export` use
     device: str = field(default="cuda", metadata={"help": "device to compare with the CPU (default: cuda)"})
     dtypes: list[str] = field(default_factory=lambda: ["float32", "bfloat16"], metadata={
         "help": f"dtypes to compare: {', '.join(DTYPE_NAMES)}"})
@@ -129,6 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args,) = parse_arguments([DeviceCheckArguments], argv, prog="minitx check-device", description=(
         "Load a saved model on a GPU, compare its logits with the CPU (float32 and bfloat16), and check that "
         "cached and uncached generation agree."))
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max_new_tokens must be >= 1 (the generation check needs a token), got "
+                         f"{args.max_new_tokens}")
     unknown = sorted(set(args.dtypes) - set(DTYPE_NAMES))
     if unknown:
         raise ValueError(f"--dtypes {unknown} unknown; choose among {', '.join(DTYPE_NAMES)}")
