@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .paths import LOCK_FILE, FolderRefused, make_folder
+from .paths import LOCK_FILE, FolderRefused, first_missing, make_folder, remove_made
 
 _held: dict[Path, tuple[int, Path]] = {}  # output (resolved) -> descriptor and path of the lock this process holds
 
@@ -153,21 +153,11 @@ def holding_lock(output: Path, *, command: str, option: str = "--output_dir", si
         yield output
         return
     where = output.parent if single_file else output
-    made = next((path for path in reversed((where, *where.parents)) if not path.exists()), None)
+    made = first_missing(where)
     try:
         make_folder(where, option=option, named=output)
         _take_lock(output, lock_path(output, single_file=single_file), command=command, option=option)
         yield output
     finally:
         unlock_folder(output)
-        _remove_empty(where, made)
-
-
-def _remove_empty(folder: Path, made: Path | None) -> None:
-    """Remove ``folder`` and its parents up to ``made`` (the first one a command made) while they are empty."""
-    for path in (folder, *folder.parents) if made is not None else ():
-        if not path.is_dir() or any(path.iterdir()):
-            return
-        path.rmdir()
-        if path == made:
-            return
+        remove_made(where, made)

@@ -52,17 +52,28 @@ def make_folder(folder: Path, *, option: str, named: Path | None = None) -> None
                             "folder where you can write") from None
 
 
+def first_missing(folder: Path) -> Path | None:
+    """The outermost of ``folder`` and its parents that does not exist (the first one making it would create)."""
+    return next((path for path in reversed((folder, *folder.parents)) if not path.exists()), None)
+
+
+def remove_made(folder: Path, made: Path | None) -> None:
+    """Remove ``folder`` and its parents up to ``made`` (the first one a command made) while they are empty."""
+    for path in (folder, *folder.parents) if made is not None else ():
+        if not path.is_dir() or any(path.iterdir()):
+            return
+        path.rmdir()
+        if path == made:
+            return
+
+
 def check_can_make(folder: Path, *, option: str, named: Path | None = None) -> None:
     """Refuse, before any work, a folder the system will not create (``make_folder``'s error); the folders made to
     find out are removed again, so nothing is left when the command writes later or not at all."""
-    made = next((path for path in reversed((folder, *folder.parents)) if not path.exists()), None)
-    if made is None:
-        return
-    make_folder(folder, option=option, named=named)
-    for path in (folder, *folder.parents):
-        path.rmdir()
-        if path == made:
-            break
+    made = first_missing(folder)
+    if made is not None:
+        make_folder(folder, option=option, named=named)
+        remove_made(folder, made)
 
 
 def describe_contents(folder: Path, limit: int = 5) -> str:

@@ -3,7 +3,7 @@
     lock_output_folder   the folder's lock, taken before any work: a second run on it stops at once
     get_tokenizer        a freshly trained tokenizer waits in a hidden staging folder private to this launch
     claim_output_folder  once every check passed: a new run empties (or creates) the folder, a resumed run keeps it
-    settle_replaced      a replaced folder's old contents: deleted once the run ends, back if its budget ran out
+    settle_replaced      a replaced folder's old contents: deleted once training stops, back where nothing was made
     abandon_setup        an interruption before the first step removes what this run wrote, and says what is left
 """
 
