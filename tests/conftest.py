@@ -116,6 +116,25 @@ loop.main(sys.argv[1:])
 """
 
 
+# `accelerate launch THIS_FILE train ...`: `minitx train`, which records, as the process group is destroyed, how many
+# data-parallel wrappers still exist in that process (garbage not yet collected counts: a wrapper freed after its
+# group frees the group's last reference holding the interpreter lock, a hang at exit now and then).
+WRAPPERS_AT_GROUP_END = """
+import gc, os, sys
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from hf_minitx.cli import main
+destroy = dist.destroy_process_group
+def count_then_destroy(*args, **kwargs):
+    live = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
+    with open(os.path.join(os.environ["WRAPPERS_RECORD"], f"rank-{dist.get_rank()}"), "w") as record:
+        record.write(str(live))
+    return destroy(*args, **kwargs)
+dist.destroy_process_group = count_then_destroy
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def kill_then_resume(make_args, straight, killed, env, cwd, between=None) -> None:
     """Train ``straight`` uninterrupted; train ``killed`` until SIGKILL right after its first checkpoint, call
     ``between(killed)``, then resume it with ``--resume_from_checkpoint latest``. ``make_args(folder)`` gives

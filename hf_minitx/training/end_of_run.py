@@ -130,8 +130,17 @@ def finish(
 
         push_to_hub(run.output_dir, push_to)
     accelerator.wait_for_everyone()
+    release_wrapper(run)
     accelerator.end_training()
     return signals.received
+
+
+def release_wrapper(run: TrainingRun) -> None:
+    """Drop the data-parallel wrapper while its process group is still registered. Dropped after the group, its
+    reducer would free the group's last reference, whose destructor waits for gloo's thread while holding the
+    interpreter lock that thread may need to finish its last work: a process that hangs at exit, now and then."""
+    run.model = run.accelerator.unwrap_model(run.model)
+    run.accelerator.free_memory()  # its list of prepared models held the wrapper too
 
 
 def gathered_weights(accelerator: Accelerator, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_same_weights, free_port, kill_then_resume
+from conftest import WRAPPERS_AT_GROUP_END, assert_same_weights, free_port, kill_then_resume
 
 from hf_minitx.training.loop import main
 
@@ -79,8 +79,12 @@ def test_two_processes_train_on_disjoint_parts_of_the_stream(corpus, tmp_path):
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
               "--main_process_port", str(free_port())]
     args = stream_args(corpus, out, "--max_steps", "5", "--checkpointing_steps", "5")
-    subprocess.run([*launch, "-m", "hf_minitx", "train", *args], check=True, env=ENV, cwd=REPO, timeout=300)
+    (probe := tmp_path / "probe.py").write_text(WRAPPERS_AT_GROUP_END)
+    subprocess.run([*launch, str(probe), "train", *args], check=True, env={**ENV, "WRAPPERS_RECORD": str(tmp_path)},
+                   cwd=REPO, timeout=300)
     assert json.loads((out / "training_summary.json").read_text())["num_processes"] == 2
+    # the wrapper went while its group was still registered: none left when the group is destroyed
+    assert [(tmp_path / f"rank-{rank}").read_text() for rank in range(2)] == ["0", "0"]
     assert len(train_records(out)) == 5
 
     # Rebuild each process's stream and check that the saved positions are exactly after the blocks
