@@ -205,6 +205,8 @@ def make_accelerator(train_args: TrainArguments, trackers: list[str]) -> Acceler
         project_dir=train_args.output_dir,
         dynamo_backend="inductor" if train_args.compile else None,
     )
+    if not accelerator.is_main_process:  # its warnings would repeat the first process's, once per process
+        logging.getLogger("hf_minitx").setLevel(logging.ERROR)
     check_sharding(accelerator.distributed_type, train_args,
                    getattr(getattr(accelerator.state, "fsdp_plugin", None), "state_dict_type", None))
     if effective_precision(accelerator) != accelerator.mixed_precision:

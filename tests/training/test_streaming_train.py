@@ -78,11 +78,12 @@ def test_two_processes_train_on_disjoint_parts_of_the_stream(corpus, tmp_path):
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
               "--main_process_port", str(free_port())]
-    args = stream_args(corpus, out, "--max_steps", "5", "--checkpointing_steps", "5")
+    args = stream_args(corpus, out, "--max_steps", "5", "--checkpointing_steps", "5", "--warmup_steps", "5")
     (probe := tmp_path / "probe.py").write_text(WRAPPERS_AT_GROUP_END)
-    subprocess.run([*launch, str(probe), "train", *args], check=True, env={**ENV, "WRAPPERS_RECORD": str(tmp_path)},
-                   cwd=REPO, timeout=300)
+    done = subprocess.run([*launch, str(probe), "train", *args], env={**ENV, "WRAPPERS_RECORD": str(tmp_path)},
+                          check=True, cwd=REPO, timeout=300, capture_output=True, text=True)
     assert json.loads((out / "training_summary.json").read_text())["num_processes"] == 2
+    assert done.stderr.count("--warmup_steps 5 is cut to") == 1  # warned once, not per process
     # the wrapper went while its group was still registered: none left when the group is destroyed
     assert [(tmp_path / f"rank-{rank}").read_text() for rank in range(2)] == ["0", "0"]
     assert len(train_records(out)) == 5
