@@ -163,7 +163,8 @@ def run_cli(main: Callable[..., Any], *args: Any) -> int:
     try:
         result = main(*args)
     except Interrupted as stop:
-        print(str(stop), file=sys.stderr)
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # a launch's other processes on this machine would repeat it
+            print(str(stop), file=sys.stderr)
         return stop.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -173,7 +174,27 @@ def run_cli(main: Callable[..., Any], *args: Any) -> int:
             raise
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         return _fail(_write_error(error) or str(message))
+    except RuntimeError as error:
+        lost = _peer_gone(error)
+        if lost is None or os.environ.get("HF_MINITX_TRACEBACK"):
+            raise
+        print(f"error: {lost}", file=sys.stderr)
+        return 1
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def _peer_gone(error: RuntimeError) -> str | None:
+    """One line for a process of a launch whose collective failed because another process stopped (that process
+    said why): not gloo's traceback. None for any other error."""
+    frames, world = error.__traceback__, int(os.environ.get("WORLD_SIZE", "1") or 1)
+    while frames is not None and frames.tb_next is not None:
+        frames = frames.tb_next
+    where = frames.tb_frame.f_code.co_filename.replace(os.sep, "/") if frames is not None else ""
+    if world < 2 or "/torch/distributed/" not in where:
+        return None
+    said = str(error).splitlines()[0].split("] ", 1)[-1].split(". ")[0] if str(error) else type(error).__name__
+    return (f"process {os.environ.get('RANK', '?')} of {world} stopped: another process of the launch ended first "
+            f"(its own message says why): {said}")
 
 
 def _usage() -> str:

@@ -31,6 +31,49 @@ def test_run_cli_lets_programming_errors_through():
         run_cli(broken)
 
 
+def test_a_process_whose_peer_stopped_says_so_in_one_line_not_a_gloo_traceback(capsys, monkeypatch):
+    """In a launch, the first process refuses bad data and exits; the others fail in their next collective. Only a
+    RuntimeError raised inside torch.distributed, in a process of a launch, is that case."""
+    gloo = compile("raise RuntimeError('[/x/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                   "[127.0.0.1]:21892. This is typically caused by a remote worker crashing.')",
+                   "/site-packages/torch/distributed/distributed_c10d.py", "exec")
+
+    def barrier():
+        exec(gloo)
+
+    def broken():
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert run_cli(barrier) == 1
+    assert capsys.readouterr().err == ("error: process 1 of 2 stopped: another process of the launch ended first (its "
+                                       "own message says why): Connection closed by peer [127.0.0.1]:21892\n")
+    with pytest.raises(RuntimeError, match="a bug of ours"):  # not from torch.distributed: its traceback
+        run_cli(broken)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(RuntimeError, match="Connection closed"):  # one process: no peer to blame
+        run_cli(barrier)
+
+
+def test_a_stop_is_said_once_per_machine_not_once_per_process(capsys, monkeypatch):
+    import signal
+
+    from hf_minitx.cli import Interrupted
+    from hf_minitx.training.signals import StopSignals
+
+    def stopped():
+        raise Interrupted("training stopped by SIGINT after step 4; saved checkpoint-4", 130)
+
+    for local_rank, said in (("0", "training stopped by SIGINT after step 4; saved checkpoint-4\n"), ("1", "")):
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+        assert run_cli(stopped) == 130 and capsys.readouterr().err == said
+        signals = StopSignals()
+        signals.handle(signal.SIGINT, None)  # the stop is taken by every process, said by the first
+        assert signals.received == signal.SIGINT
+        assert ("SIGINT: finishing this step" in capsys.readouterr().err) == (local_rank == "0")
+
+
 def test_help_lists_every_subcommand(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out

@@ -90,9 +90,11 @@ class PackedBlockStream:
         while True:
             yield from self._epoch()
             if self.epoch_blocks == 0:
-                raise ValueError(
-                    f"process {self.process_index} of {self.num_processes} got no block of {self.block_size} tokens "
-                    "from the stream in a whole epoch: use more data, a smaller block_size or fewer processes")
+                rows = ("each process reads whole rows, and a text file is one row per document (cut at about 1 MB): "
+                        "use more data, --sample_by paragraph or line, fewer processes, or a smaller --block_size"
+                        if self.num_processes > 1 else "use more data or a smaller --block_size")
+                raise ValueError(f"process {self.process_index} of {self.num_processes} got no block of "
+                                 f"{self.block_size} tokens from the stream in a whole epoch: {rows}")
             self.set_epoch(self.epoch + 1)
 
     def _epoch(self) -> Iterator[np.ndarray]:

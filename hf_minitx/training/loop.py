@@ -41,7 +41,7 @@ from .end_of_run import finish, gathered_weights, keep_best, train_summary
 from .evaluation import chance_note
 from .outputs import CALIBRATED, append_metrics
 from .phases import continue_phases, past_first_phase
-from .run_folder import abandon_setup, lock_output_folder, release_unclaimed, settle_replaced
+from .run_folder import abandon_setup, lock_output_folder, settle_replaced
 from .run_length import (
     evaluation_passed,
     keep_pace,
@@ -124,15 +124,15 @@ def train(model_args: ModelArguments, data_args: DataArguments, train_args: Trai
     except KeyboardInterrupt:
         code = 128 + signal.SIGTERM if terminated.received else EXIT_INTERRUPTED
         raise Interrupted(abandon_setup(plan), code) from None
-    except BaseException:
-        if plan is not None:  # a failure before the first step leaves no staging folder, no folder made for the lock
-            release_unclaimed(plan)
+    except BaseException:  # a failure before the first step leaves the folder as it found it
+        abandon_setup(plan)
         raise
-    outcome = None
     try:
         outcome = fit(run, state)
-    finally:  # a replaced folder's old contents: back where the budget ran out inside its probe, else deleted
-        old_back = settle_replaced(plan, restore=outcome is not None and ran_out_in_probe(run, outcome))
+    except BaseException:  # nothing trained yet (bad data at the first batch): as a failed setup, else old contents go
+        abandon_setup(plan) if state.step == 0 else settle_replaced(plan, restore=False)
+        raise
+    old_back = settle_replaced(plan, restore=ran_out_in_probe(run, outcome))  # back where a budget ran out in its probe
     refuse_unplanned_budget(run, state, outcome, old_back=old_back)
     if outcome.interrupted_by is not None:
         saved = f"saved {outcome.checkpoint}" if outcome.checkpoint else "nothing could be saved"

@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from accelerate.utils import broadcast_object_list
 from torch import nn
 
 from .arguments import TrainArguments
@@ -147,6 +148,8 @@ def refuse_unplanned_budget(run: TrainingRun, state: RunState, outcome: FitOutco
     budget = run.budget
     if not ran_out_in_probe(run, outcome):
         return
+    if run.accelerator.num_processes > 1:  # only the first process kept the old contents aside: its answer for all
+        old_back = broadcast_object_list([old_back])[0]
     shape_plan = run.checkpoint_fields.get(SHAPE_PLAN) or {}  # its timing is on the clock, but is no step's
     timing = min(shape_plan.get("timing_seconds", 0.0), state.train_seconds)
     step_seconds = (state.train_seconds - timing) / max(state.step, 1)

@@ -43,7 +43,8 @@ class StopSignals:
         again = ("press Ctrl-C again to quit at once" if self.quit_on_second
                  else "it takes seconds; quitting now would lose the run")
         self.received = self.received or signum
-        print(f"\n{signal.Signals(signum).name}: {self.then} ({again})", file=sys.stderr, flush=True)
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # a launch's other processes on this machine would repeat it
+            print(f"\n{signal.Signals(signum).name}: {self.then} ({again})", file=sys.stderr, flush=True)
 
 
 class TermDuringSetup:

@@ -158,6 +158,14 @@ def test_cli_overrides_and_compare(tmp_path, capsys):
     assert not (tmp_path / "refused").exists()
 
 
+def test_an_experiment_under_a_launch_of_several_processes_is_refused_before_any_folder(tmp_path, monkeypatch):
+    import hf_minitx.tools.experiments as cli  # `minitx experiment`
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what accelerate launch --num_processes 2 gives each process
+    with pytest.raises(ValueError, match="in one process: run it without accelerate launch"):
+        cli.main(["--output_dir", str(tmp_path / "ex")])
+    assert not (tmp_path / "ex").exists()
+
+
 @pytest.mark.slow
 def test_copy_task_learned_with_diagonal_cross_attention(tmp_path):
     config = dataclasses.replace(PRESETS["copy"], output_dir=str(tmp_path / "copy"))

@@ -67,7 +67,8 @@ def test_the_budget_advised_after_the_probe_ran_out_leaves_room_for_a_plan(tmp_p
 
     budget = TimeBudget(30.0, eval_steps=50, seconds_per_evaluation=evaluation or None, startup_seconds=1.5)
     state = SimpleNamespace(step=19, train_seconds=19 * 0.45)
-    run = SimpleNamespace(budget=budget, checkpoint_fields={}, output_dir=tmp_path)
+    run = SimpleNamespace(budget=budget, checkpoint_fields={}, output_dir=tmp_path,
+                          accelerator=SimpleNamespace(num_processes=1))
     outcome = SimpleNamespace(stopped_by_time_budget=True,
                               checkpoint=tmp_path / "checkpoint-19" if checkpoint else None)
     with pytest.raises(ValueError) as refused:
@@ -424,8 +425,8 @@ def test_a_budget_spent_inside_its_probe_names_a_step_without_the_shape_timing_a
     from hf_minitx.training.run_length import refuse_unplanned_budget
 
     split = {"minutes": 0.3, "teacher_minutes": 0.15, "student_minutes": 0.15}
-    run = SimpleNamespace(budget=TimeBudget(seconds=9.0), checkpoint_fields={
-        "shape_plan": {"timing_seconds": 6.0, "phases": split}})
+    run = SimpleNamespace(budget=TimeBudget(seconds=9.0), accelerator=SimpleNamespace(num_processes=1),
+                          checkpoint_fields={"shape_plan": {"timing_seconds": 6.0, "phases": split}})
     state = RunState(step=8, train_seconds=6.0 + 8 * 0.375)  # the shape's timing is spent from the budget too
     outcome = FitOutcome(stopped_by_time_budget=True, checkpoint=Path("out/checkpoint-8"))
     with pytest.raises(ValueError) as refused:

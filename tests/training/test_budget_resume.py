@@ -261,3 +261,27 @@ def test_a_budget_given_to_the_resume_of_a_run_planned_in_steps_is_refused_befor
                                          r"budget; --max_minutes 0.2 would lay it over a timed plan from step 2 on"):
         loop.main(causal_args(text_file, out, "--max_minutes", "0.2", "--resume_from_checkpoint", "latest"))
     assert (out / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.slow
+def test_every_process_of_a_launch_says_the_replaced_folder_is_back(text_file, tmp_path):  # noqa: F811
+    """Only the first process keeps a replaced folder's old contents aside: the others say what it did, not that a
+    checkpoint it deleted can be resumed."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO, free_port
+
+    out = tmp_path / "run"
+    loop.main(causal_args(text_file, out, "--max_steps", "2"))
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".minitx-lock"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                           "--main_process_port", str(free_port()), "-m", "hf_minitx", "train",
+                           *causal_args(text_file, out, "--max_minutes", "0.002", "--overwrite_output_dir")],
+                          env=env, cwd=REPO, timeout=300, capture_output=True, text=True)
+    assert done.returncode != 0 and done.stderr.count(f"{out} holds its old contents again") == 2, done.stderr
+    assert "--resume_from_checkpoint latest" not in done.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".minitx-lock"} == before

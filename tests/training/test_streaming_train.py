@@ -107,6 +107,25 @@ def test_two_processes_train_on_disjoint_parts_of_the_stream(corpus, tmp_path):
     assert len(set(everything)) == len(everything), "a block was trained on twice in the epoch"
 
 
+def test_a_stream_too_short_for_one_block_leaves_the_output_folder_as_it_found_it(tmp_path):
+    (data := tmp_path / "short").mkdir()
+    for split in ("train", "validation"):
+        (data / f"{split}.txt").write_text("hello world. " * 10 + "\n")
+    args = ["--dataset", str(data), "--streaming", "--preset", "tiny", "--tokenizer_vocab_size", "300",
+            "--block_size", "64", "--max_steps", "3", "--disable_tqdm", "--num_threads", "1"]
+    with pytest.raises(ValueError, match="got no block of 64 tokens .*: use more data or a smaller --block_size"):
+        main([*args, "--output_dir", str(tmp_path / "new")])
+    assert not (tmp_path / "new").exists()  # not a folder of a marker and a tokenizer that refuses the next run
+    old = tmp_path / "old"  # a finished run's folder, replaced by a run that fails at its first batch: it comes back
+    main([*args[:3], "--preset", "tiny", "--tokenizer_vocab_size", "300", "--block_size", "16", "--max_steps", "1",
+          "--disable_tqdm", "--num_threads", "1", "--eval_steps", "0", "--output_dir", str(old)])
+    before = {p.relative_to(old): p.read_bytes() for p in old.rglob("*") if p.is_file() and p.name != ".minitx-lock"}
+    with pytest.raises(ValueError, match="got no block"):
+        main([*args, "--output_dir", str(old), "--overwrite_output_dir"])
+    after = {p.relative_to(old): p.read_bytes() for p in old.rglob("*") if p.is_file() and p.name != ".minitx-lock"}
+    assert after == before
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cap", [[], ["--max_steps", "100000"]])
 def test_a_time_budget_bounds_a_stream_and_its_plan_decays_to_the_end(corpus, tmp_path, monkeypatch, cap):
