@@ -11,7 +11,10 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
+
+SAME_STOP_SECONDS = 1.0  # a different signal this soon after the first is its echo from a launcher
 
 
 class StopSignals:
@@ -24,6 +27,7 @@ class StopSignals:
     def __init__(self, then: str = "finishing this step, then saving a checkpoint", *, quit_on_second: bool = True
                  ) -> None:
         self.received: int | None = None
+        self.received_at = 0.0
         self.previous: dict[int, Any] = {}
         self.then = then  # what happens before the stop, said when a signal arrives
         self.quit_on_second = quit_on_second  # False: the work in progress is the only copy of the run (final save)
@@ -38,11 +42,18 @@ class StopSignals:
             signal.signal(sig, handler)
 
     def handle(self, signum: int, frame: object) -> None:
-        if self.received is not None and self.quit_on_second:
-            os._exit(128 + signum)  # the second signal: nothing half-written is left by design, so quit now
+        first = self.received is None
+        # a launcher (torchrun) sends SIGTERM right after the terminal's SIGINT: the same stop, not a second one;
+        # Ctrl-C again, or any signal a moment later, is a second one
+        repeated = not first and (signum == self.received or time.monotonic() - self.received_at > SAME_STOP_SECONDS)
+        if repeated and self.quit_on_second:
+            os._exit(128 + signum)  # nothing half-written is left by design, so quit now
+        if first:
+            self.received, self.received_at = signum, time.monotonic()
+        elif self.quit_on_second:
+            return  # a launcher's echo of the first signal
         again = ("press Ctrl-C again to quit at once" if self.quit_on_second
                  else "it takes seconds; quitting now would lose the run")
-        self.received = self.received or signum
         if os.environ.get("LOCAL_RANK", "0") == "0":  # a launch's other processes on this machine would repeat it
             print(f"\n{signal.Signals(signum).name}: {self.then} ({again})", file=sys.stderr, flush=True)
 

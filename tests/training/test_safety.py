@@ -671,3 +671,28 @@ def test_a_streamed_run_refuses_accepted_edits_that_move_text_into_validation(tm
     assert minitx([*resume, "--max_steps", "6", "--max_eval_samples", "2"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and "--max_eval_samples 4 blocks, this one asks for 2" in err[0], err
+
+
+def test_a_launchers_sigterm_right_after_ctrl_c_is_the_same_stop_and_ctrl_c_again_quits(monkeypatch):
+    """torchrun answers the terminal's SIGINT with a SIGTERM to its workers, which got the SIGINT too: quitting at
+    once on it would lose the steps since the last checkpoint. Ctrl-C again, or a signal a moment later, quits."""
+    import signal
+
+    from hf_minitx.training import signals
+
+    quits: list[int] = []
+    monkeypatch.setattr(signals.os, "_exit", quits.append)
+    clock = iter([100.0, 100.2, 200.0, 200.5, 202.0])  # read by a first signal and by another kind
+    monkeypatch.setattr(signals.time, "monotonic", lambda: next(clock))
+    stop = signals.StopSignals()
+    stop.handle(signal.SIGINT, None)  # 100.0
+    stop.handle(signal.SIGTERM, None)  # 100.2: the launcher's echo
+    assert quits == [] and stop.received == signal.SIGINT
+    stop.handle(signal.SIGINT, None)  # Ctrl-C again
+    assert quits == [130]
+    late = signals.StopSignals()
+    late.handle(signal.SIGTERM, None)  # 200.0
+    late.handle(signal.SIGINT, None)  # 200.5: still the same stop
+    assert quits == [130]
+    late.handle(signal.SIGINT, None)  # 202.0: a moment later, a second stop
+    assert quits == [130, 130]
