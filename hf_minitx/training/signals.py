@@ -67,7 +67,9 @@ class TermDuringSetup:
         self.previous: Any = None
 
     def __enter__(self) -> TermDuringSetup:
-        if threading.current_thread() is threading.main_thread():
+        # a launch's other processes write nothing in setup, and one waiting for the first in the process group's
+        # start (a C call, where no Python handler runs) must die at the launcher's SIGTERM, not linger for 30 s
+        if threading.current_thread() is threading.main_thread() and os.environ.get("RANK", "0") == "0":
             self.previous = signal.signal(signal.SIGTERM, self.handle)
         return self
 

@@ -696,3 +696,21 @@ def test_a_launchers_sigterm_right_after_ctrl_c_is_the_same_stop_and_ctrl_c_agai
     assert quits == [130]
     late.handle(signal.SIGINT, None)  # 202.0: a moment later, a second stop
     assert quits == [130, 130]
+
+
+def test_only_the_first_process_of_a_launch_catches_sigterm_in_setup(monkeypatch):
+    """The others write nothing in setup; waiting for the first inside the process group's start, a Python
+    handler would never run and the launcher's SIGTERM would wait 30 s for its SIGKILL."""
+    import signal
+
+    from hf_minitx.training.signals import TermDuringSetup
+
+    before = signal.getsignal(signal.SIGTERM)
+    for rank, caught in ((None, True), ("0", True), ("1", False)):
+        if rank is None:
+            monkeypatch.delenv("RANK", raising=False)
+        else:
+            monkeypatch.setenv("RANK", rank)
+        with TermDuringSetup() as setup:
+            assert (signal.getsignal(signal.SIGTERM) == setup.handle) is caught
+        assert signal.getsignal(signal.SIGTERM) == before
