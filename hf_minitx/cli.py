@@ -15,6 +15,7 @@ import argparse
 import difflib
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -225,6 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left for the exit's own flush
         return 1
+    if argv is None:  # the program (not a call from Python) is done: a Ctrl-C now would only break the exit's cleanup
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     return code
 
 

@@ -74,6 +74,18 @@ def test_a_stop_is_said_once_per_machine_not_once_per_process(capsys, monkeypatc
         assert ("SIGINT: finishing this step" in capsys.readouterr().err) == (local_rank == "0")
 
 
+def test_a_ctrl_c_after_the_command_finished_does_not_break_its_exit(tmp_path):
+    """A Ctrl-C once the work is done (the libraries' exit callbacks are running) is ignored: no traceback."""
+    (tmp_path / "sitecustomize.py").write_text(  # a Ctrl-C arriving while the exit's callbacks run
+        "import atexit, os, signal, time\n"
+        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2)))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "hf_minitx", "--version"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("hf_minitx ")
+    assert "KeyboardInterrupt" not in done.stderr, done.stderr
+
+
 def test_help_lists_every_subcommand(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
