@@ -20,7 +20,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_minitx"
 RANKS = {
     "models": 0,
-    "folders": 1, "device": 1, "model_files": 1,
+    "folders": 1, "device": 1, "launch": 1, "model_files": 1,
     "data": 2,
     "inference": 3,
     "hub": 4,

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..launch import process_count
 from .paths import LOCK_FILE, FolderRefused, first_missing, make_folder, remove_made
 
 _held: dict[Path, tuple[int, Path]] = {}  # output (resolved) -> descriptor and path of the lock this process holds
@@ -22,7 +23,7 @@ _held: dict[Path, tuple[int, Path]] = {}  # output (resolved) -> descriptor and 
 def launch_id() -> str:
     """What names one launch: the pid of a single process; the rendezvous port shared by the processes of one
     ``accelerate launch`` (two launches on one host cannot share it)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("MASTER_PORT"):
+    if process_count() > 1 and os.environ.get("MASTER_PORT"):
         return f"port{os.environ['MASTER_PORT']}"
     return str(os.getpid())
 

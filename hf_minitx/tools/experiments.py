@@ -12,7 +12,6 @@ dataset of token ids, so they write the same `metrics.jsonl` and `training_summa
 
 from __future__ import annotations
 
-import os
 import signal
 from argparse import ArgumentTypeError
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from transformers.hf_argparser import string_to_bool
 
 from ..cli import Interrupted
 from ..folders import check_output_folder, replace_folder, unlock_folder
+from ..launch import process_count
 from ..models.configuration_minitx import MiniTxConfig
 from ..models.modeling_minitx import IGNORE_INDEX, MiniTxForConditionalGeneration
 from ..training.arguments import TrainArguments
@@ -387,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     config = replace(config, **nones)  # re-run the checks with the `none` values in place
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be 1 or more, got {args.threads}")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every process would claim the same folder and train alone
+    if process_count() > 1:  # every process would claim the same folder and train alone
         raise ValueError("minitx experiment trains its toy models in one process: run it without accelerate launch "
                          "(--threads N uses more cores)")
     if args.threads:

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import glob
-import os
 import shutil
 import uuid
 from pathlib import Path
@@ -34,6 +33,7 @@ from ..folders import (
     unlock_folder,
     write_marker,
 )
+from ..launch import is_first_process
 from .checkpoints import write_failure
 from .run_plan import RunPlan
 
@@ -48,7 +48,7 @@ def lock_output_folder(plan: RunPlan) -> None:
     """Take output_dir's lock before any work (the launch's first process), so that a second run on the same
     folder is refused before it reads data or trains a tokenizer. A folder made to hold the lock is noted:
     ``release_unclaimed`` removes it when the run stops before claiming it."""
-    if os.environ.get("RANK", "0") != "0":
+    if not is_first_process():
         return
     made = not plan.output_dir.exists()
     lock_folder(plan.output_dir, command="train")  # a live writer refuses (and nothing is noted)

@@ -21,6 +21,7 @@ from ..data.corpus import dataset_key, local_inputs
 from ..data.streaming import load_stream_state, stream_state_path
 from ..data.tokenizer import check_training_tokenizer
 from ..folders import check_apart, check_not_locked, check_output_folder, output_path
+from ..launch import process_count
 from ..models import MiniTxConfig
 from .argument_checks import (
     check_data_arguments,
@@ -137,7 +138,7 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     if data_args.streaming:
         check_stream_length(train_args)
         check_stream_resume(plan.checkpoint, data_args, train_args.seed,  # the launcher says how many processes
-                            num_processes=int(os.environ.get("WORLD_SIZE", "1")))
+                            num_processes=process_count())
     if train_args.max_steps is not None:  # runs of num_epochs are checked once their length is known
         check_not_complete(plan, train_args.max_steps)
     return plan

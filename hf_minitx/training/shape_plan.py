@@ -20,7 +20,6 @@ The ratio is this project's own, measured on a grid of fixed shapes (docs/recipe
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..launch import process_count
 from ..models import MiniTxConfig, MiniTxForCausalLM
 from ..models.layers_minitx import ACTIVATIONS
 from .arguments import DataArguments, ModelArguments, TrainArguments
@@ -253,7 +253,7 @@ def may_split(train_args: TrainArguments) -> bool:
     """Only a run whose length is the budget alone, without a teacher of its own, in one process (the phases'
     folders are copied by one writer), is split."""
     return (train_args.distill_from is None and train_args.max_steps is None and train_args.num_epochs is None
-            and int(os.environ.get("WORLD_SIZE", "1")) == 1)
+            and process_count() == 1)
 
 
 def planned_split(shape_plan: dict[str, Any] | None) -> dict[str, Any] | None:

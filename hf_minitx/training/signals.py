@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Any
 
+from ..launch import is_first_process
+
 SAME_STOP_SECONDS = 1.0  # a different signal this soon after the first is its echo from a launcher
 
 
@@ -54,7 +56,7 @@ class StopSignals:
             return  # a launcher's echo of the first signal
         again = ("press Ctrl-C again to quit at once" if self.quit_on_second
                  else "it takes seconds; quitting now would lose the run")
-        if os.environ.get("LOCAL_RANK", "0") == "0":  # a launch's other processes on this machine would repeat it
+        if is_first_process(on_this_machine=True):  # a launch's other processes on this machine would repeat it
             print(f"\n{signal.Signals(signum).name}: {self.then} ({again})", file=sys.stderr, flush=True)
 
 
@@ -69,7 +71,7 @@ class TermDuringSetup:
     def __enter__(self) -> TermDuringSetup:
         # a launch's other processes write nothing in setup, and one waiting for the first in the process group's
         # start (a C call, where no Python handler runs) must die at the launcher's SIGTERM, not linger for 30 s
-        if threading.current_thread() is threading.main_thread() and os.environ.get("RANK", "0") == "0":
+        if threading.current_thread() is threading.main_thread() and is_first_process():
             self.previous = signal.signal(signal.SIGTERM, self.handle)
         return self
 
