@@ -21,11 +21,11 @@ METRIC = "eval_loss"  # lower is better
 MIN_CHOOSING_TOKENS = 1000  # below this, the loss of a token varies ~3 nats and the mean moves by ~0.1 by chance
 
 
-def too_few_to_choose(metrics: dict[str, float]) -> str | None:
-    """Why the validation split of ``metrics`` is too small to choose a model by (fewer than
-    ``MIN_CHOOSING_TOKENS`` scored tokens: chance moves its loss more than training does late in a run); None
-    when it is large enough, or does not say how large it is."""
-    tokens = metrics.get("eval_tokens")
+def too_few_to_choose(coverage: dict) -> str | None:
+    """Why the validation split an evaluation covered (``Evaluator.coverage``: its scored ``tokens``) is too small
+    to choose a model by (fewer than ``MIN_CHOOSING_TOKENS``: chance moves its loss more than training does late
+    in a run); None when it is large enough, or does not say how large it is."""
+    tokens = coverage.get("tokens")
     if tokens is None or tokens >= MIN_CHOOSING_TOKENS:
         return None
     return (f"the validation split scores {int(tokens):,} token(s), fewer than {MIN_CHOOSING_TOKENS:,}: too few to "

@@ -49,7 +49,7 @@ def keep_best(run: TrainingRun, state: RunState, outcome: FitOutcome) -> None:
     last = outcome.final_metrics
     outcome.kept = {"step": state.step, "eval_loss": last.get("eval_loss"), "last_step": state.step,
                     "last_eval_loss": last.get("eval_loss")}
-    small = too_few_to_choose(last)
+    small = too_few_to_choose(run.evaluation.coverage)
     if small and best.better_than(last, state.step):
         outcome.kept["not_chosen"] = small
         logger.warning("kept the last weights, not those of step %d (eval_loss %.4f against %.4f): %s; give a larger "

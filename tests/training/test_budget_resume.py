@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_budget import TickingClock, summary_of
@@ -224,19 +225,35 @@ def test_a_validation_split_too_small_to_choose_by_keeps_the_last_weights_and_sa
 
     model = tiny_causal()
     best = BestWeights()
-    best.offer(model, 5, {"eval_loss": 2.0, "eval_tokens": 1})
+    best.offer(model, 5, {"eval_loss": 2.0})
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
     last = {k: v.clone() for k, v in model.state_dict().items()}
-    outcome = FitOutcome(final_metrics={"eval_loss": 3.0, "eval_tokens": 1})
-    keep_best(_run_with(model, best), RunState(step=20), outcome)
+    outcome = FitOutcome(final_metrics={"eval_loss": 3.0})
+    run = _run_with(model, best)
+    run.evaluation = SimpleNamespace(coverage={"split": "validation", "rows": 1, "tokens": 1})  # as Evaluator records
+    keep_best(run, RunState(step=20), outcome)
     assert outcome.kept["step"] == 20 and outcome.final_metrics["eval_loss"] == 3.0
     assert all(torch.equal(last[k], v) for k, v in model.state_dict().items())
     reason = f"the validation split scores 1 token(s), fewer than {MIN_CHOOSING_TOKENS:,}: too few to choose a model by"
     assert outcome.kept["not_chosen"] == reason
     (said,) = [r.getMessage() for r in caplog.records if "kept the last weights" in r.getMessage()]
     assert "not those of step 5" in said and reason in said
+
+
+def test_a_run_scored_on_few_tokens_keeps_its_last_weights_end_to_end(text_file, tmp_path, monkeypatch):  # noqa: F811
+    """The rule reads the count the evaluation really records (its coverage), not a key of the metrics: a run
+    whose earlier evaluation is taken to be better still keeps its last weights and says why."""
+    from hf_minitx.training.best import BestWeights
+
+    monkeypatch.setattr(BestWeights, "beaten_by", lambda self, metrics: self.step is None)  # keep the first
+    monkeypatch.setattr(BestWeights, "better_than", lambda self, metrics, step: self.step != step)
+    out = tmp_path / "run"
+    loop.main(causal_args(text_file, out, "--max_steps", "4", "--eval_steps", "2", "--max_eval_samples", "1"))
+    summary = summary_of(out)
+    assert summary["evaluation"]["tokens"] < 1000
+    assert summary["kept"]["step"] == 4 and summary["kept"]["not_chosen"].startswith("the validation split scores")
 
 
 @pytest.mark.parametrize("tracker, package", [("tensorboard", "tensorboard"), ("comet_ml", "comet-ml")])
