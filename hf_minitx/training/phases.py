@@ -37,7 +37,7 @@ from .arguments import DataArguments, ModelArguments, TrainArguments
 from .checkpoints import list_checkpoints
 from .end_of_run import write_card
 from .outputs import SUMMARY_FILE
-from .shape_plan import PHASES, SHAPE_PLAN, planned_split
+from .shape_plan import PHASES, SHAPE_PLAN, check_phase_budget, planned_split
 
 logger = logging.getLogger(__name__)
 
@@ -141,17 +141,23 @@ def train_student(model_args: ModelArguments, data_args: DataArguments, train_ar
     if student.is_dir() and not resume:
         logger.warning("%s holds no checkpoint of the student (--checkpointing_steps saves them): it starts again "
                        "from its first step", student)
+    if resume and train_args.max_steps is None:
+        check_phase_budget(split, train_args.max_minutes, "student")
     minutes = student_minutes(split, train_args.max_minutes, (record.get("time_budget") or {}).get("budget_minutes"))
+    if resume and train_args.max_minutes is None and train_args.max_steps is not None:
+        minutes = None  # as any resumed run: --max_steps N without --max_minutes lays its schedule over N steps
     args = replace(train_args, output_dir=str(student), max_minutes=minutes,
                    distill_from=str(teacher), resume_from_checkpoint="latest" if resume else None,
                    overwrite_output_dir=not resume, push_to_hub=False)
     if resume:  # its budget follows the rules of any resumed run: a plan made goes on, the clock may move
-        given = "" if minutes == split["student_minutes"] else f", given --max_minutes {minutes:g}"
+        given = ("" if minutes == split["student_minutes"] else f", for --max_steps {args.max_steps}"
+                 if minutes is None else f", given --max_minutes {minutes:g}")
         logger.warning("the student resumes in %s, learning from the teacher%s", student, given)
     else:
+        cap = "" if args.max_steps is None else f" (at most --max_steps {args.max_steps})"
         logger.warning("the budget passes over the data %.1f times, more than one model learns from: the student "
-                       "trains for %.3g min in %s, learning from the teacher", split["passes_of_one_model"], minutes,
-                       student)
+                       "trains for %.3g min%s in %s, learning from the teacher", split["passes_of_one_model"], minutes,
+                       cap, student)
     try:
         train(replace(model_args, config_overrides=overrides), replace(data_args, tokenizer=str(teacher)), args)
     finally:

@@ -46,7 +46,14 @@ from .distill import check_distill_arguments, teacher_identity, teacher_record
 from .loss import Objective
 from .model_presets import load_preset, parse_config_overrides, preset_path
 from .outputs import SUMMARY_FILE
-from .shape_plan import SHAPE_PLAN, feed_forward_size, planned_split, plans_shape, shape_given
+from .shape_plan import (
+    SHAPE_PLAN,
+    check_phase_budget,
+    feed_forward_size,
+    planned_split,
+    plans_shape,
+    shape_given,
+)
 
 DISTILLATION = "distillation"  # run identity key: the teacher's weights digest, alpha and T (None: no teacher)
 TOKENIZER_IDS = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
@@ -162,6 +169,8 @@ def take_planned_shape(plan: RunPlan) -> None:
     plan.settings.update(recorded["settings"])
     plan.config = build_config(plan.settings, DEFAULT_PRESET)
     split, args = planned_split(recorded), plan.train_args
+    if split and args.max_steps is None:
+        check_phase_budget(split, args.max_minutes, "teacher")
     if split and args.max_minutes in (None, split["minutes"]) and args.max_steps is None and args.num_epochs is None:
         args.max_minutes = split["teacher_minutes"]  # the whole budget names the teacher's share of it
 

@@ -259,3 +259,16 @@ def may_split(train_args: TrainArguments) -> bool:
 def planned_split(shape_plan: dict[str, Any] | None) -> dict[str, Any] | None:
     """The split a shape plan's record holds (None: one model)."""
     return (shape_plan or {}).get(PHASES)
+
+
+def check_phase_budget(split: dict[str, Any], given: float | None, phase: str) -> None:
+    """A resume of a run in two phases given a --max_minutes shorter than the ``phase``'s share (and not the whole
+    budget) is refused in the budget the user typed: the phase's plan would stop before its decay ends."""
+    share = split[f"{phase}_minutes"]
+    if given is None or given >= share or any(math.isclose(given, m) for m in (share, split["minutes"])):
+        return
+    raise ValueError(f"the run was planned for --max_minutes {split['minutes']:g} in two phases (a teacher for "
+                     f"{split['teacher_minutes']:.3g} min, then a student for {split['student_minutes']:.3g}); "
+                     f"--max_minutes {given:g} would stop the {phase}'s plan before its decay ends: resume with "
+                     f"--max_minutes {split['minutes']:g} (or leave it out), or lay the {phase}'s schedule over "
+                     "another length with --max_steps N and no --max_minutes")

@@ -61,6 +61,16 @@ def test_the_student_takes_its_share_unless_a_resume_gives_another_budget():
     assert phases.student_minutes(split, 4.5, teacher_minutes=4.5) == split["student_minutes"]
 
 
+def test_a_resume_given_less_than_a_phases_share_is_refused_in_the_budget_typed():
+    split = plan_phases(PASSES_PER_MODEL * 2, 5000, 1.2)
+    for phase in ("teacher", "student"):  # the whole budget, none, the share, or more pass
+        for given in (None, 1.2, split[f"{phase}_minutes"], 0.9, 2.0):
+            shape_plan.check_phase_budget(split, given, phase)
+        with pytest.raises(ValueError, match=rf"planned for --max_minutes 1.2 in two phases .*--max_minutes 0.3 would "
+                                             rf"stop the {phase}'s plan .*resume with --max_minutes 1.2 \(or leave"):
+            shape_plan.check_phase_budget(split, 0.3, phase)
+
+
 @pytest.mark.parametrize(("given", "world_size", "expected"), [
     ({}, "1", True), ({"max_steps": 100}, "1", False), ({"num_epochs": 3.0}, "1", False),
     ({"distill_from": "teacher"}, "1", False), ({}, "2", False)])
@@ -69,9 +79,11 @@ def test_only_a_run_of_the_budget_alone_in_one_process_is_split(given, world_siz
     assert may_split(TrainArguments(max_minutes=10.0, **given)) is expected
 
 
-def run_in_phases(text_file: Path, out: Path, *extra: str, die_in: str | None = None) -> list[str]:  # noqa: F811
+def run_in_phases(text_file: Path, out: Path, *extra: str, die_in: str | None = None,  # noqa: F811
+                  budget: bool = True) -> list[str]:
     """The planned run of test_shape_plan (2 x 32 chosen, a corpus it passes over many times) with a checkpoint at
-    CHECKPOINT_AT; ``die_in`` ("teacher" or "student"): killed right after that phase's checkpoint. Returns how
+    CHECKPOINT_AT; ``die_in`` ("teacher" or "student"): killed right after that phase's checkpoint; ``budget``
+    False: without its --max_minutes (a resume taking up the recorded one, or given another length). Returns how
     many optimizer steps each phase trained, and in how many of them the KL term was computed: {(phase, "steps" or
     "kl"): count}."""
     saved = (shape_plan.SHAPES, shape_plan.time_shape, loop.time, checkpoints.rotate_checkpoints,
@@ -109,7 +121,11 @@ def run_in_phases(text_file: Path, out: Path, *extra: str, die_in: str | None = 
     loop.train, loop.train_step = train, train_step
     try:
         _reset_accelerate()
-        loop.main(planned_args(text_file, out, "--checkpointing_steps", str(CHECKPOINT_AT), *extra))
+        args = planned_args(text_file, out, "--checkpointing_steps", str(CHECKPOINT_AT), *extra)
+        if not budget:
+            at = args.index("--max_minutes")
+            del args[at:at + 2]
+        loop.main(args)
     finally:
         (shape_plan.SHAPES, shape_plan.time_shape, loop.time, checkpoints.rotate_checkpoints, Distillation.summed_loss,
          loop.train_step) = saved
@@ -222,6 +238,8 @@ def test_a_kill_in_either_phase_then_a_resume_ends_on_the_weights_of_a_straight_
             run_in_phases(text_file, out, "--resume_from_checkpoint", "latest", "--seed", "7")
         assert sorted(p.name for p in where.iterdir() if p.name.startswith("checkpoint")) == [
             f"checkpoint-{CHECKPOINT_AT}"]
+    with pytest.raises(ValueError, match=rf"planned for --max_minutes 0.1 in two phases .* the {phase}'s plan"):
+        run_in_phases(text_file, out, "--resume_from_checkpoint", "latest", "--max_minutes", "0.02", budget=False)
     monkeypatch.chdir(text_file.parent)  # the same corpus named another way is the same data
     caplog.clear()
     resumed_steps = run_in_phases(Path(text_file.name), out, "--resume_from_checkpoint", "latest")
@@ -235,6 +253,23 @@ def test_a_kill_in_either_phase_then_a_resume_ends_on_the_weights_of_a_straight_
     assert all(torch.equal(expected[name], resumed[name]) for name in expected)
     assert summary_of(out)["phases"]["model_kept"] == summary_of(straight[0])["phases"]["model_kept"]
     assert not any(path.is_dir() for path in out.iterdir())
+
+
+@pytest.mark.slow
+def test_a_student_resumed_with_max_steps_alone_lays_its_schedule_over_them(text_file, tmp_path, caplog):  # noqa: F811
+    """As any resumed run: --max_steps N without --max_minutes replaces the student's plan (the teacher's record
+    must not add its share of the budget beside it, which the resume refuses as a contradiction)."""
+    out = tmp_path / "run"
+    with pytest.raises(Killed):
+        run_in_phases(text_file, out, die_in="student")
+    caplog.clear()
+    steps = run_in_phases(text_file, out, "--resume_from_checkpoint", "latest", "--max_steps", str(CHECKPOINT_AT + 30),
+                          budget=False)
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert f"the student resumes in {out / phases.STUDENT_DIR}, learning from the teacher, for --max_steps" in said
+    assert steps["student", "steps"] == 30 and steps["teacher", "steps"] == 0
+    split = summary_of(out)["phases"]
+    assert split["student"]["steps"] == CHECKPOINT_AT + 30 and not any(path.is_dir() for path in out.iterdir())
 
 
 def test_a_budget_far_longer_than_its_corpus_can_use_is_said_so():
