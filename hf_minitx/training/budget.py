@@ -45,6 +45,7 @@ LENGTH_FREE_SCHEDULES = ("warmup_stable_decay", "constant_with_warmup")  # their
 MIN_WINDOW = 50  # steps: a second timing after ``slower_from`` needs at least these before the decay
 SHORTER = 0.25  # a second timing after ``slower_from`` ends early enough for a final plan this much shorter
 GUARD_FRACTION = 0.1  # of the plan: the pace is checked over windows this long (at least probe_steps) until the decay
+MIN_OVERDUE = 5  # steps: a guard's window that spent its planned time closes early after at least these
 EARLY_END = 3 * MARGIN  # of the budget: a plan laid again when it would end this far before it (or past the cap)
 
 
@@ -82,6 +83,7 @@ class TimeBudget:
     replanned_at: list[int] = field(default_factory=list)  # the steps where the plan was laid again at the steps'
     # pace (paced_plan)
     span_ratio: float = 1.0  # what the guard times of a step (``Probe.spans``) over what the plan times of it
+    one_process: bool = True  # False in a launch of several processes (``guard_window``)
 
     @property
     def fixed(self) -> bool:
@@ -167,11 +169,16 @@ class TimeBudget:
     def guard_window(self, step: int, settle: int = 0) -> Probe | None:
         """The next window of steps whose pace checks the plan (after ``settle`` untimed steps: a start or a
         resume); None without a plan, for a schedule whose rate depends on the length from the start (a shorter
-        plan would change rates already trained with), or where the window would reach the decay (never moved)."""
+        plan would change rates already trained with), or where the window would reach the decay (never moved).
+        It ends early once its steps took the time planned for all of them (in one process: the processes of a
+        launch must close it at the same step, so they keep its length)."""
         if self.planned_steps is None or self.decay_ratio is None:
             return None
         last = step + settle + max(self.probe_steps, round(GUARD_FRACTION * self.planned_steps))
-        return Probe(first_timed=step + settle, last=last) if last < self.decay_from else None
+        if last >= self.decay_from:
+            return None
+        due = (last - step - settle) * self.seconds_per_step * self.span_ratio if self.seconds_per_step else None
+        return Probe(first_timed=step + settle, last=last, due=due if self.one_process else None)
 
     @property
     def decay_from(self) -> float:
@@ -287,6 +294,9 @@ class Probe:
     seconds: float = 0.0
     spans: float = 0.0  # the same steps as the guard times them (``TimeBudget.span_ratio``)
     untimed: float = 0.0  # the steps before ``first_timed``: a process's start-up (a refusal's advice pays it again)
+    due: float | None = None  # a guard's window (which counts its steps' spans as ``seconds``): the spans they were
+    # planned to take; it closes once they are spent (a machine many times slower would otherwise be stopped by the
+    # clock before the window ends)
 
     @classmethod
     def window(cls, budget: TimeBudget, step: int) -> Probe | None:
@@ -298,12 +308,15 @@ class Probe:
         return budget.second_window(step)
 
     def timed(self, step: int, seconds: float, span: float = 0.0) -> bool:
-        """Count the ``seconds`` (and the guard's ``span``) of ``step``; True once the window's last step is done."""
+        """Count the ``seconds`` (and the guard's ``span``) of ``step``; True once the window's last step is done,
+        or a guard's window has spent its ``due`` on at least MIN_OVERDUE steps (it then ends at ``step``)."""
         if step > self.first_timed:
             self.seconds += seconds
             self.spans += span
         else:
             self.untimed += seconds
+        if self.due is not None and self.seconds > self.due and step - self.first_timed >= MIN_OVERDUE:
+            self.last = min(self.last, step)
         return step >= self.last
 
     @property

@@ -22,6 +22,7 @@ import torch
 from accelerate.utils import broadcast_object_list
 from torch import nn
 
+from ..launch import process_count
 from .arguments import TrainArguments
 from .budget import LENGTH_FREE_SCHEDULES, Probe, TimeBudget, every, length_cap
 from .optim import describe_schedule, relay_schedule, schedule_factor
@@ -51,7 +52,8 @@ def run_length(plan: RunPlan, batches_per_epoch: int | None) -> tuple[int, TimeB
     planned_for = timing.get("budget_minutes") if saved.get("planned_steps") else None  # see resumed_budget
     budget = TimeBudget((planned_for or args.max_minutes) * 60, step_cap=cap, eval_steps=args.eval_steps or None,
                         decay_ratio=(args.decay_ratio if args.lr_scheduler_type == "warmup_stable_decay" else 0.0)
-                        if stable else None, first_fraction=min(fractions, default=None))
+                        if stable else None, first_fraction=min(fractions, default=None),
+                        one_process=process_count() == 1)
     if saved.get("planned_steps"):  # a resumed run continues its plan; a longer budget only moves the clock
         budget.planned_steps, budget.final = saved["planned_steps"], bool(saved.get("plan_final", True))
         if planned_for and not math.isclose(planned_for, args.max_minutes):

@@ -21,7 +21,7 @@ from test_train import _fresh_accelerate_state, causal_args, records, text_file 
 
 from hf_minitx.training.arguments import TrainArguments
 from hf_minitx.training.best import BestWeights
-from hf_minitx.training.budget import GRACE, MARGIN, TimeBudget, every
+from hf_minitx.training.budget import GRACE, MARGIN, MIN_OVERDUE, TimeBudget, every
 from hf_minitx.training.end_of_run import keep_best
 from hf_minitx.training.loop import main
 from hf_minitx.training.optim import build_optimizer, build_scheduler, relay_schedule
@@ -185,6 +185,37 @@ def test_a_machine_slower_than_its_timing_before_the_decay_gets_a_shorter_plan_t
     card = (out / "README.md").read_text()
     *first, last = [f"{step:,}" for step in plan["replanned_at_steps"]]
     assert f"laid again at the steps' pace at step {', '.join(first) + ' and ' if first else ''}{last}" in card
+
+
+@pytest.mark.slow
+def test_a_machine_many_times_slower_right_after_the_plan_still_decays_by_the_budget(text_file, tmp_path,  # noqa: F811
+                                                                                    monkeypatch):
+    """20 times slower from the first plan on: a window of a tenth of the plan would take twice the budget, so
+    the guard closes it once its steps took their planned time, and the plan is laid again before the clock."""
+    out = tmp_path / "crawl"
+    summary = slowed_run(text_file, out, monkeypatch, lambda budget, step: True, tick=0.04)
+    plan, decay = summary["time_budget"], summary["recipe"]["schedule"]["decay_steps"]
+    assert plan["ended_by"] == "plan" and plan["steps_run"] == plan["planned_steps"] == summary["steps"]
+    assert plan["replanned_at_steps"] and plan["replanned_at_steps"][0] <= plan["probe_steps"] + MIN_OVERDUE + 1
+    rates = [r["learning_rate"] for r in records(out, "train")]
+    assert rates[-1] <= 3e-3 / decay + 1e-12  # the decay ran to its end
+
+
+def test_a_guard_window_ends_once_its_steps_took_their_planned_time():
+    budget = TimeBudget(100.0, decay_ratio=0.3)
+    budget.plan(20, 900, 0.1, 0.0)
+    window = budget.guard_window(20)
+    assert window.due == pytest.approx((window.last - 20) * 0.1)
+    step = 21
+    while not window.timed(step, 2.0):  # 20 times slower
+        step += 1
+    assert step == window.last == 20 + MIN_OVERDUE  # closed after MIN_OVERDUE steps, not after a tenth of the plan
+    assert window.seconds_per_step == pytest.approx(2.0)
+    on_pace = budget.guard_window(20)
+    assert not any(on_pace.timed(step, 0.1) for step in range(21, on_pace.last)) and on_pace.timed(on_pace.last, 0.1)
+    budget.one_process = False  # processes of a launch close it at the same step: its full length
+    launched = budget.guard_window(20)
+    assert launched.due is None and not launched.timed(20 + MIN_OVERDUE, 100.0)
 
 
 @pytest.mark.slow
