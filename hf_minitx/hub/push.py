@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -91,11 +92,22 @@ def check_upload_ready(repo_id: str, token: str | None = None) -> str:
     from huggingface_hub import constants
 
     check_repo_id(repo_id)
-    token = resolve_token(token)
-    if constants.is_offline_mode():
+    if constants.is_offline_mode():  # before the token: logging in would not help
         raise HubError("HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set, so nothing can be uploaded; unset it "
                        "and run again, or use --dry_run STAGING_DIR to check the folder offline.")
-    return token
+    return resolve_token(token)
+
+
+def transport_errors() -> tuple[type[BaseException], ...]:
+    """The errors of a Hub request that never got an answer (no network, a name that does not resolve, a timeout):
+    OSError (requests' and the socket's) and the TransportError of whichever httpx the Hub client uses."""
+    errors: list[type[BaseException]] = [OSError]
+    for module in ("httpx2", "httpx"):
+        try:
+            errors.append(importlib.import_module(module).TransportError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(errors)
 
 
 def files_to_upload(info: ModelFolderInfo) -> list[str]:
@@ -305,6 +317,8 @@ def push_to_hub(
     from huggingface_hub.errors import HfHubHTTPError
 
     token = check_upload_ready(repo_id, token)
+    again = (f"{model_dir} is as it was: send it with `minitx push --model_dir {model_dir} --repo_id {repo_id}` once "
+             "that is fixed")
     with tempfile.TemporaryDirectory(prefix="minitx-upload-") as workdir:
         staging = stage_for_upload(model_dir, Path(workdir) / "stage", repo_id=repo_id,
                                    explorer=explorer)  # checks the folder
@@ -321,7 +335,10 @@ def push_to_hub(
             status = getattr(error.response, "status_code", None)
             hint = {401: "the token was rejected; log in again with `hf auth login`",
                     403: "the token cannot write to this repo; use a token with write access, or a repo you own"}
-            raise HubError(f"upload to {repo_id} failed: {hint.get(status, error)}.") from error
+            raise HubError(f"upload to {repo_id} failed: {hint.get(status, error)}. {again}") from error
+        except transport_errors() as error:
+            raise HubError(f"upload to {repo_id} failed: the Hub could not be reached ({type(error).__name__}: "
+                           f"{error}); check the network (or HTTPS_PROXY). {again}") from error
     return commit.commit_url
 
 

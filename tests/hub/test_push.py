@@ -27,11 +27,13 @@ from hf_minitx.hub.push import (
     check_loads_without_package,
     check_model_card,
     check_repo_id,
+    check_upload_ready,
     child_failure,
     dry_run,
     push_to_hub,
     resolve_token,
     stage_for_upload,
+    transport_errors,
 )
 
 folders, causal_copy = saved_model.folders, saved_model.causal_copy  # the fixtures of saved models
@@ -212,7 +214,39 @@ def test_push_to_hub_checks_everything_before_calling_the_hub(causal_copy, monke
     assert _RecordingApi.calls == []
 
 
-def test_cli_reports_bad_input_without_a_traceback(folders, no_token, capsys):
+class _UnreachableApi(_RecordingApi):
+    """The Hub's name does not resolve: the request never gets an answer."""
+
+    error: type[BaseException] = OSError
+
+    def create_repo(self, repo_id, **kwargs):
+        raise self.error("[Errno -2] Name or service not known")
+
+
+@pytest.mark.parametrize("error", transport_errors())
+def test_a_hub_that_cannot_be_reached_is_one_error_line_naming_the_unchanged_folder(causal_copy, monkeypatch, capsys,
+                                                                                   error):
+    monkeypatch.setattr(huggingface_hub, "HfApi", _UnreachableApi)
+    monkeypatch.setattr(_UnreachableApi, "error", error)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    before = sorted(path.name for path in causal_copy.iterdir())
+    assert minitx(["push", "--model_dir", str(causal_copy), "--repo_id", "alice/kjv"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "the Hub could not be reached" in err and "Name or service not known" in err
+    assert f"send it with `minitx push --model_dir {causal_copy} --repo_id alice/kjv`" in err
+    assert sorted(path.name for path in causal_copy.iterdir()) == before
+
+
+def test_offline_without_a_token_says_offline_first(causal_copy, monkeypatch, no_token):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(HubError, match="HF_HUB_OFFLINE"):  # logging in would not help
+        check_upload_ready("alice/kjv")
+
+
+def test_cli_reports_bad_input_without_a_traceback(folders, no_token, capsys, monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     assert minitx(["push", "--model_dir", str(folders["causal-lm"]), "--repo_id", "no-owner"]) == 2
     assert minitx(["push", "--model_dir", str(folders["causal-lm"]), "--repo_id", "alice/kjv"]) == 2
     assert minitx(["push", "--model_dir", str(folders["causal-lm"])]) == 2
