@@ -93,11 +93,39 @@ def parse_arguments(
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     if defaults:
         parser.set_defaults(**defaults)
-    check_lists_given_once(parser, list(argv or []))
-    *parsed, extra = parser.parse_args_into_dataclasses(args=list(argv or []), return_remaining_strings=True)
+    argv = merge_repeated(list(argv or []))
+    check_lists_given_once(parser, argv)
+    *parsed, extra = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if extra:
-        raise ValueError(_unused_message(list(argv or []), extra))
+        raise ValueError(_unused_message(argv, extra))
     return tuple(parsed)
+
+
+MERGED_OPTIONS = ("--config_overrides",)  # name=value lists: each time given adds its names (a later one wins a name)
+
+
+def merge_repeated(argv: list[str]) -> list[str]:
+    """``argv`` with each of MERGED_OPTIONS given more than once joined into one (``--config_overrides a=1
+    --config_overrides b=2`` is ``--config_overrides a=1,b=2``): argparse would keep the last one and drop the
+    others without a word."""
+    merged: list[str] = []
+    at: dict[str, int] = {}  # option -> index of its value in ``merged``
+    index = 0
+    while index < len(argv):
+        option, equals, value = argv[index].partition("=")
+        takes_next = not equals and index + 1 < len(argv)
+        if option not in MERGED_OPTIONS or not (equals or takes_next):
+            merged.append(argv[index])
+            index += 1
+            continue
+        value = value if equals else argv[index + 1]
+        if option in at:
+            merged[at[option]] = f"{merged[at[option]]},{value}"
+        else:
+            merged += [option, value]
+            at[option] = len(merged) - 1
+        index += 1 if equals else 2
+    return merged
 
 
 def check_lists_given_once(parser: argparse.ArgumentParser, argv: list[str]) -> None:

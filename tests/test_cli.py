@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_minitx.cli import SUBCOMMANDS, main, run_cli
+from hf_minitx.cli import SUBCOMMANDS, main, merge_repeated, parse_arguments, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"
@@ -188,3 +188,18 @@ def test_an_option_of_several_values_given_twice_is_refused_not_cut_to_the_last(
         assert capsys.readouterr().err.strip() == (
             "error: --prompt was given 2 times, and only the last one's values would be kept; give all its values "
             "after one --prompt (e.g. --prompt a b)")
+
+
+def test_config_overrides_given_several_times_all_apply():
+    """`--config_overrides a=1 --config_overrides b=2` (as an export refusal lists its fixes) is one list: argparse
+    would keep the last and train a model the export still refuses."""
+    from hf_minitx.training.arguments import DataArguments, ModelArguments, TrainArguments
+
+    argv = ["--dataset", "d", "--config_overrides", "hidden_act=swiglu", "--max_steps", "3",
+            "--config_overrides=attention_bias=false", "--config_overrides", "hidden_act=relu2"]
+    assert merge_repeated(argv) == ["--dataset", "d", "--config_overrides",
+                                    "hidden_act=swiglu,attention_bias=false,hidden_act=relu2", "--max_steps", "3"]
+    model_args, _, train_args = parse_arguments((ModelArguments, DataArguments, TrainArguments), argv, prog="t")
+    assert model_args.config_overrides == "hidden_act=swiglu,attention_bias=false,hidden_act=relu2"
+    assert train_args.max_steps == 3
+    assert merge_repeated(["--config_overrides"]) == ["--config_overrides"]  # no value: argparse says so

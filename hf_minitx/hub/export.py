@@ -11,6 +11,7 @@ makes it map. The exported folder loads with `AutoModelForCausalLM.from_pretrain
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,7 +67,7 @@ def _field_problems(config: PretrainedConfig, target: str, advise: bool = True) 
     if target == "gpt2" and config.hidden_act not in GPT2_ACTIVATIONS:
         problems.append(("hidden_act", config.hidden_act, "GPT-2 has no gated feed-forward; "
                          + override("hidden_act", "gelu")))
-    problems += [(key, True, f"{name} has no {what}; {override(key, False)}")
+    problems += [(key, True, f"{name} cannot carry {what}; {override(key, False)}")
                  for key, what in EXTRA_PIECES.items() if getattr(config, key, False)]
     if config.scale_embeddings and config.tie_word_embeddings:
         problems.append(("scale_embeddings", True, f"{name} does not scale embeddings, and with a tied head the scale "
@@ -95,8 +96,12 @@ def check_maps(config: PretrainedConfig, target: str) -> None:
 
 def refusal(target_name: str, problems: list[str]) -> ExportRefused:
     """The refusal of a config that does not map onto `target_name`: one numbered line per field, so that the
-    command line's one error line (the lines joined with "; ") still tells the fields apart."""
+    command line's one error line (the lines joined with "; ") still tells the fields apart, then, for several, the
+    one flag that sets them all."""
     lines = [f"({number}) {problem}" for number, problem in enumerate(problems, 1)]
+    fixes = [found.rstrip(")") for problem in problems for found in re.findall(r"--config_overrides (\S+)", problem)]
+    if len(fixes) > 1:
+        lines.append(f"all at once: train with --config_overrides {','.join(fixes)}")
     return ExportRefused(f"the model does not map onto {target_name} ({len(problems)} field"
                          f"{'s' if len(problems) > 1 else ''} to change):\n" + "\n".join(lines))
 
@@ -236,7 +241,8 @@ def write_card(folder: Path, *, source: str, target: str, file_name: str, keywor
             f"The hf_minitx model `{source}` exported by `minitx export`: the same weights in the {layout} layout "
             f"(`{file_name}`), with its tokenizer and generation settings. It loads without hf_minitx and without "
             f"`trust_remote_code`, with `AutoModelForCausalLM.from_pretrained(folder{arguments})`"
-            + (" or llama.cpp" if layout == "GGUF" else "") + ", and gives the source model's logits.\n"
+            + (" or llama.cpp" if layout == "GGUF" else "") + ", and gives the source model's logits"
+            + (" to half precision's rounding (its matrices are stored as f16)" if "f16" in file_name else "") + ".\n"
             + ("\ntransformers' GGUF reader does not read `generation_config.json`: sample as the source model does "
                "with `model.generate(..., generation_config=GenerationConfig.from_pretrained(folder))`.\n"
                if layout == "GGUF" else ""))

@@ -126,6 +126,8 @@ def test_a_config_that_does_not_map_is_refused_field_by_field(tmp_path, tokenize
     assert lines == ["(1) norm_type rmsnorm: GPT-2 uses LayerNorm; train with --config_overrides norm_type=layernorm",
                      "(2) qk_norm true: GPT-2 has no QK-norm; train with --config_overrides qk_norm=false",
                      "(3) final_logit_softcap 30.0: GPT-2 does not cap its logits; train with --config_overrides "
+                     "final_logit_softcap=None",  # and the one flag for all, as one --config_overrides takes them
+                     "all at once: train with --config_overrides norm_type=layernorm,qk_norm=false,"
                      "final_logit_softcap=None"]
     assert cli_main(["export", "--model", str(tmp_path / "src"), "--to", "qwen3", "--output_dir",
                      str(tmp_path / "out")]) == 2
@@ -260,7 +262,9 @@ def test_gguf_reads_back_with_our_logits(tmp_path, tokenizer, architecture, tens
     # the reader leaves the generation settings behind; the folder's, as its card says, are the source model's
     from transformers import GenerationConfig
 
-    assert "GenerationConfig.from_pretrained(folder)" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "GenerationConfig.from_pretrained(folder)" in card
+    assert ("logits to half precision's rounding" in card) == (tensor_type == "f16")  # f32: the same logits
     assert GenerationConfig.from_pretrained(out).to_dict() == model.generation_config.to_dict()
 
 
@@ -271,7 +275,8 @@ def test_gguf_refuses_a_gpt2_style_model_naming_the_fields(tmp_path, tokenizer):
         main(["--model", str(tmp_path / "src"), "--to", "gguf", "--output_dir", str(tmp_path / "gguf")])
     lines = str(refused.value).splitlines()
     assert "position_embedding_type learned: Llama uses rotary positions" in lines[1]
-    assert lines[-1].split(" ", 1)[1].startswith("attention_bias true: the llama GGUF form has no biases")
+    assert lines[-2].split(" ", 1)[1].startswith("attention_bias true: the llama GGUF form has no biases")
+    assert lines[-1].startswith("all at once: train with --config_overrides position_embedding_type=rope,")
     assert [line.split(" ")[1] for line in lines[1:]].count("attention_bias") == 1  # each field said once
 
 

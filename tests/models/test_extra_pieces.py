@@ -130,4 +130,5 @@ def test_the_card_names_the_pieces_and_export_refuses_each_naming_its_flag():
         problems = mapping_problems(tiny_config(**dict.fromkeys(EXTRA_PIECES, True)), target)
         for piece in EXTRA_PIECES:
             assert any(line.startswith(f"{piece} true") and f"--config_overrides {piece}=false" in line
+                       and f"cannot carry {EXTRA_PIECES[piece]};" in line
                        for line in problems), (target, piece, problems)
