@@ -39,6 +39,7 @@ class BuiltinCorpus:
     description: str
     task: str  # "causal-lm" or "seq2seq"
     build: Callable[[int | None, int], Dataset]  # (num_examples, seed) -> Dataset
+    sized: bool = False  # generated: num_examples sets its size (a fixed corpus is read as it is)
 
 
 def _require(module: str, package: str, corpus: str) -> ModuleType:
@@ -197,10 +198,10 @@ BUILTINS: dict[str, BuiltinCorpus] = {
         "(PSF licence; ships with Python, no extra needed)", "causal-lm", load_pydocs),
     f"{BUILTIN_PREFIX}numbers-en-fr": BuiltinCorpus(
         "seq2seq: English number words -> French, distinct numbers 0..999,999 from a seed "
-        f"(generated with num2words, LGPL; needs {DEMO_EXTRA_HINT})", "seq2seq", _numbers_loader("fr")),
+        f"(generated with num2words, LGPL; needs {DEMO_EXTRA_HINT})", "seq2seq", _numbers_loader("fr"), sized=True),
     f"{BUILTIN_PREFIX}numbers-en-de": BuiltinCorpus(
         "seq2seq: English number words -> German (reordering, compounding), as numbers-en-fr",
-        "seq2seq", _numbers_loader("de")),
+        "seq2seq", _numbers_loader("de"), sized=True),
 }
 
 BUILTIN_CORPORA: dict[str, str] = {name: corpus.description for name, corpus in BUILTINS.items()}
@@ -213,6 +214,15 @@ def get_builtin(name: str) -> BuiltinCorpus:
         available = "; ".join(f"{n} ({d})" for n, d in BUILTIN_CORPORA.items())
         raise ValueError(f"unknown built-in corpus {name!r}; available: {available}")
     return BUILTINS[key]
+
+
+def check_num_examples(dataset: str, num_examples: int | None) -> None:
+    """--num_examples sizes a generated task; given with any other corpus it would be ignored without a word."""
+    if num_examples is None or (dataset.startswith(BUILTIN_PREFIX) and get_builtin(dataset).sized):
+        return
+    sized = ", ".join(name for name, corpus in BUILTINS.items() if corpus.sized)
+    raise ValueError(f"--num_examples sizes the generated built-in tasks ({sized}); {dataset} is read as it is and "
+                     "would ignore it: leave --num_examples out")
 
 
 def load_builtin(name: str, *, num_examples: int | None = None, seed: int = 42) -> Dataset:

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from ..folders import output_folder, write_folder, write_marker
+from .builtin import check_num_examples
 
 logger = logging.getLogger(__name__)
 
@@ -238,6 +239,7 @@ def check_tokenizer_arguments(args: TokenizerArguments) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be >= 1 (or left out for the default), got {value}")
+    check_num_examples(args.dataset, args.num_examples)
 
 
 def _save_marked(tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..data.builtin import check_num_examples
 from ..data.corpus import corpus_task
 from ..data.tokenizer import MIN_VOCAB_SIZE
 from ..models import MiniTxConfig
@@ -35,6 +36,7 @@ def parse_trackers(report_to: str) -> list[str]:
 
 def check_data_arguments(config: MiniTxConfig, data_args: DataArguments) -> None:
     """The dataset fits the task, and sequence lengths fit the position table."""
+    check_num_examples(data_args.dataset, data_args.num_examples)
     builtin_task = corpus_task(data_args.dataset) if data_args.dataset.startswith("builtin:") else None
     if builtin_task is not None and builtin_task != data_args.task:
         raise ValueError(

@@ -446,6 +446,20 @@ def test_seq2seq_task_on_a_text_corpus_is_refused(tmp_path, text_file):
     assert not (tmp_path / "y" / "metrics.jsonl").exists()
 
 
+def test_num_examples_with_a_corpus_it_does_not_size_is_refused_before_anything_is_written(tmp_path, text_file):
+    """--num_examples sizes a generated task; a fixed corpus or a file would train on all of it without a word."""
+    for dataset in ("builtin:pydocs", str(text_file)):
+        with pytest.raises(ValueError, match=r"--num_examples sizes the generated built-in tasks \(builtin:numbers-"
+                                             rf"en-fr, builtin:numbers-en-de\); {dataset} is read as it is"):
+            main(["--dataset", dataset, "--num_examples", "50", "--max_steps", "2",
+                  "--output_dir", str(tmp_path / "x")])
+    assert not (tmp_path / "x").exists()
+    from hf_minitx.data.tokenizer import TokenizerArguments, check_tokenizer_arguments
+
+    with pytest.raises(ValueError, match="--num_examples sizes"):  # the tokenizer command's own check
+        check_tokenizer_arguments(TokenizerArguments(output_dir=str(tmp_path / "t"), num_examples=50))
+
+
 def test_block_size_beyond_the_position_table_is_refused(tmp_path):
     with pytest.raises(ValueError, match="block_size 512 is larger than the model's max_position_embeddings"):
         main(["--preset", "tiny", "--block_size", "512", "--output_dir", str(tmp_path / "x")])
