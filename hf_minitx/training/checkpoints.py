@@ -292,12 +292,14 @@ def check_same_inputs(checkpoint: Path, stored: dict[str, Any], expected: dict[s
         print(f"note: {before} is read from {after} now (the same size and content): the run goes on with it")
         old[after] = old.pop(before)
     tokenizer_root = os.path.realpath(tokenizer) if tokenizer else None
-    for path in sorted(set(old) | set(new)):
+    for path in sorted(set(old) | set(new), key=lambda path: (path not in old, path)):  # the run's own first
         edited = path in old and path in new
         of_tokenizer = tokenizer_root is not None and Path(path).is_relative_to(tokenizer_root)
         if old.get(path) == new.get(path) or (edited and accept_edits and not of_tokenizer):
             continue
-        how = "changed (size or content)" if edited else "is gone" if path not in new else "is new"
+        unread = path not in new and os.path.exists(path)  # still there: this resume reads others (a copied folder)
+        how = ("changed (size or content)" if edited else "is not among this resume's inputs" if unread
+               else "is gone" if path not in new else "is new")
         if of_tokenizer:
             raise ValueError(
                 f"tokenizer file {path} {how} since the run in checkpoint {checkpoint} started: the checkpoint's "
@@ -305,7 +307,9 @@ def check_same_inputs(checkpoint: Path, stored: dict[str, Any], expected: dict[s
                 "(--accept_changed_inputs included); restore the --tokenizer folder, or start a new run in another "
                 "--output_dir")
         fix = ("restore the file, or pass --accept_changed_inputs to go on with the edited file, or start a new "
-               "run in another --output_dir") if edited else "restore it, or start a new run in another --output_dir"
+               "run in another --output_dir") if edited else ("resume with the files the run read (a copied run "
+               "folder reads its own copies: resume the original), or start a new run in another --output_dir"
+               ) if unread else "restore it, or start a new run in another --output_dir"
         raise ValueError(
             f"input file {path} {how} since the run in checkpoint {checkpoint} started; resuming would go on "
             f"with other data than the run (and its tokenizer) began with: {fix}"

@@ -208,3 +208,20 @@ def test_datasets_own_cache_files_in_a_saved_dataset_are_no_input(tmp_path):
     assert fingerprint_inputs(args) == before and before  # a resume sees the same inputs
     (tmp_path / "saved" / "notes.arrow").write_bytes(b"the user's")
     assert fingerprint_inputs(args) != before
+
+
+def test_an_input_still_on_disk_but_not_read_by_the_resume_is_named_as_such_not_as_gone(tmp_path):
+    """A copied run folder reads its own copies (a student's teacher) while the checkpoint names the original's:
+    the original is there, so "gone" would send the user looking for a file that exists."""
+    from hf_minitx.training.checkpoints import check_same_inputs
+
+    original, copy = tmp_path / "run" / "teacher" / "README.md", tmp_path / "copy" / "teacher" / "README.md"
+    for path in (original, copy):
+        path.parent.mkdir(parents=True)
+        path.write_text("the teacher's card")
+    stored, expected = {"input_files": {str(original): "12:abc"}}, {"input_files": {str(copy): "12:abc"}}
+    with pytest.raises(ValueError, match=rf"input file {original} is not among this resume's inputs since .*a copied "
+                                         r"run folder reads its own copies: resume the original"):
+        check_same_inputs(tmp_path / "copy" / "checkpoint-2", stored, expected)
+    original.unlink()  # gone for real: the copy is the same file moved, and the run goes on with it
+    check_same_inputs(tmp_path / "copy" / "checkpoint-2", stored, expected)
