@@ -332,7 +332,8 @@ def test_two_processes_agree_on_one_plan(text_file, tmp_path):  # noqa: F811
 def _run_with(model: torch.nn.Module, best: BestWeights):
     from accelerate import Accelerator
 
-    return SimpleNamespace(best=best, accelerator=Accelerator(cpu=True), model=model)
+    return SimpleNamespace(best=best, accelerator=Accelerator(cpu=True), model=model,
+                           evaluation=SimpleNamespace(coverage={"tokens": 5000}))  # enough to choose by
 
 
 def test_the_best_evaluation_weights_come_back_when_the_last_evaluation_is_worse():

@@ -174,6 +174,9 @@ def test_bad_time_budget_and_push_without_token_write_nothing(tmp_path, text_fil
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     assert minitx(["train", *causal_args(text_file, out, "--push_to_hub", "--hub_model_id", "alice/x")]) == 2
+    assert "HF_HUB_OFFLINE" in capsys.readouterr().err  # offline first: a token would not help
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    assert minitx(["train", *causal_args(text_file, out, "--push_to_hub", "--hub_model_id", "alice/x")]) == 2
     assert "token" in capsys.readouterr().err
     assert not out.exists() and not list(tmp_path.glob(".run*"))
 
