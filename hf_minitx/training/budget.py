@@ -13,8 +13,8 @@ become a number of steps before the decay can be placed. The run's own steps are
                                 that step lies before the decay, so the plan prices the steps it has left
     at REPLAN_AT                the final plan: no more timings of the probe (the guard below may lay it again)
     every GUARD_FRACTION        from the first plan until its decay begins, the pace is checked: where the plan
-    of the plan                 would end past the budget at it (a busy machine), or well before (the machine is
-                                free again), it is laid again at that pace (``paced_plan``), so the decay still
+    of the plan (or the time    would end past the budget at it (a busy machine), or well before (the machine is
+    planned for it)             free again), it is laid again at that pace (``paced_plan``), so the decay still
                                 ends by the budget and a slowdown that passed costs no steps
 
 Every process measures and the mean is taken (one reduce), so all agree. The plan is recorded in every
