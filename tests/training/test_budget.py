@@ -380,6 +380,7 @@ def test_the_best_weights_survive_a_resume_and_are_the_ones_saved(text_file, tmp
         return {**metrics, "eval_loss": next(losses)}, samples
 
     monkeypatch.setattr(evaluation.TextEvaluation, "__call__", scripted)
+    monkeypatch.setattr("hf_minitx.training.best.MIN_CHOOSING_TOKENS", 100)  # the tiny split's 496 tokens choose
     out = tmp_path / "best"
     common = ("--eval_steps", "10", "--checkpointing_steps", "10", "--save_total_limit", "10",
               "--calibrate_temperature", "false")  # the kept weights as they were (a fitted temperature changes them)
