@@ -141,6 +141,8 @@ def _budget_rows(summary: dict) -> list[tuple[str, str]]:
     if kept and kept.get("step") != kept.get("last_step"):
         rows.append(("Weights kept", f"step {kept['step']:,} (best validation loss {kept['eval_loss']:.4f}; the last "
                      f"step, {kept['last_step']:,}, scored {kept['last_eval_loss']:.4f})"))
+    elif kept.get("not_chosen"):  # an earlier evaluation scored better, on too few tokens to choose by
+        rows.append(("Weights kept", f"the last step's, {kept['last_step']:,}: {kept['not_chosen']}"))
     fit = summary.get("calibration") or {}
     if fit.get("logit_scale", 1.0) != 1.0:
         rows.append(("Temperature", f"the logits divided by {fit['temperature']:g}, folded into the final norm: fitted "

@@ -254,6 +254,7 @@ def test_a_run_scored_on_few_tokens_keeps_its_last_weights_end_to_end(text_file,
     summary = summary_of(out)
     assert summary["evaluation"]["tokens"] < 1000
     assert summary["kept"]["step"] == 4 and summary["kept"]["not_chosen"].startswith("the validation split scores")
+    assert f"| Weights kept | the last step's, 4: {summary['kept']['not_chosen']} |" in (out / "README.md").read_text()
 
 
 @pytest.mark.parametrize("tracker, package", [("tensorboard", "tensorboard"), ("comet_ml", "comet-ml")])
