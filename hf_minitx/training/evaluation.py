@@ -119,8 +119,10 @@ def chance_note(metrics: dict[str, float], vocab_size: int) -> str | None:
     perplexity = metrics.get("eval_perplexity", math.inf)
     if not math.isfinite(loss) or loss > math.log(vocab_size) + 1:  # far from uniform: confidently wrong
         return (f"warning: the final evaluation is far worse than chance (perplexity {perplexity:.4g} with a "
-                f"{vocab_size}-token vocabulary): the training diverged and the model is unusable. Start again with "
-                "a lower --learning_rate (and --muon_learning_rate with Muon)")
+                f"{vocab_size}-token vocabulary): the model is unusable on this text. If the training loss rose, the "
+                "training diverged: start again with a lower --learning_rate (and --muon_learning_rate with Muon); "
+                "if it fell far below, the model learned its training text by heart: train on more text, for "
+                "fewer steps, or a smaller model")
     return (f"warning: the final evaluation is at chance (perplexity {perplexity:.4g} with a {vocab_size}-token "
             "vocabulary): the model learned nothing usable. Train longer, or lower the learning rate if the loss "
             "rose")
