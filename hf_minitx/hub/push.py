@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..folders import (
     WRITE_ERRNOS,
+    check_not_locked,
     html_written_by_us,
     output_folder,
     weights_digest,
@@ -139,6 +140,8 @@ def stage_for_upload(
     from ..inference import load_model_folder
 
     info = verify_model_folder(model_dir, kind)
+    check_not_locked(info.path, option="--model_dir")  # a run still writing it: its files are not the model yet
+    check_run_finished(info.path)
     page = check_explorer_page(explorer, model_dir) if explorer is not None else None
     load_model_folder(info.path, device="cpu", dtype="float32")  # weights that do not fit the config are refused
     staging = Path(staging_dir)
@@ -146,6 +149,21 @@ def stage_for_upload(
         raise ValueError("the staging folder must differ from the model folder.")
     with output_folder(staging, command="push", flag=None, overwrite=False, option="staging folder") as folder:
         return write_folder(folder, lambda fresh: _stage(info, fresh, repo_id=repo_id, license=license, explorer=page))
+
+
+def check_run_finished(model_dir: Path) -> None:
+    """Refuse the folder of a run in two phases stopped before its student finished: it holds the teacher, with the
+    teacher's card, while the run's model is still to come (training_summary.json: the split the shape plan made,
+    and no model kept by the run yet)."""
+    try:
+        summary = json.loads((model_dir / "training_summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    split = (summary.get("shape_plan") or {}).get("phases") if isinstance(summary, dict) else None
+    if split and not (summary.get("phases") or {}).get("model_kept"):
+        raise ValueError(f"{model_dir} holds the teacher of a run in two phases that stopped before its student "
+                         "finished, not the run's model: finish it with the same `minitx train` command plus "
+                         "--resume_from_checkpoint latest, then push")
 
 
 EXPLORER_DATA = re.compile(r'<script type="application/json" id="explorer-data">(.*?)</script>', re.S)

@@ -361,3 +361,25 @@ def test_a_full_temporary_folder_is_said_as_such_not_as_a_folder_that_cannot_loa
     with pytest.raises(HubError) as failed:
         check_loads_without_package(tmp_path)
     assert str(failed.value) == message
+
+
+def test_a_folder_a_run_still_writes_or_a_two_phase_run_left_half_done_is_not_pushed(causal_copy, tmp_path, capsys):
+    """Both hold a model folder's files (the teacher's, with its card) while the run's model is still to come."""
+    from conftest import another_writer
+
+    from hf_minitx.folders import LOCK_FILE
+
+    with another_writer(causal_copy / LOCK_FILE, pid=1, host="elsewhere", command="train"):
+        assert minitx(["push", "--model_dir", str(causal_copy), "--dry_run", str(tmp_path / "stage")]) == 2
+    assert "--model_dir" in capsys.readouterr().err and not (tmp_path / "stage").exists()
+    (causal_copy / LOCK_FILE).unlink()
+    summary_file = causal_copy / "training_summary.json"
+    summary = json.loads(summary_file.read_text())
+    summary_file.write_text(json.dumps({**summary, "shape_plan": {"phases": {"minutes": 1.2}}}))  # the teacher
+    assert minitx(["push", "--model_dir", str(causal_copy), "--dry_run", str(tmp_path / "stage")]) == 2
+    err = capsys.readouterr().err
+    assert "holds the teacher of a run in two phases that stopped before its student finished" in err
+    assert "--resume_from_checkpoint latest, then push" in err and not (tmp_path / "stage").exists()
+    finished = {**summary, "shape_plan": {"phases": {"minutes": 1.2}}, "phases": {"model_kept": "student"}}
+    summary_file.write_text(json.dumps(finished))  # the run's own model: pushed
+    assert minitx(["push", "--model_dir", str(causal_copy), "--dry_run", str(tmp_path / "stage")]) == 0
