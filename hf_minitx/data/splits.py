@@ -84,6 +84,10 @@ def _carve(train: Dataset, dataset: str, validation_split: float | int, seed: in
             raise ValueError(f"{dataset!r} is a single document, so validation_split must be a fraction of its "
                              f"text (e.g. 0.05), not a count ({validation_split})")
         return _split_document(train, validation_split)
+    if len(starts) < 2:  # one sample (not a document, cut by its text above): nothing to split it into
+        raise TooSmallToSplit(f"{dataset!r} has 1 training sample, too few to carve a validation split from: give "
+                              "at least 2 (--num_examples sizes a generated task), or a validation split of its own "
+                              "(a validation.* file)")
     if isinstance(validation_split, int) and validation_split >= len(starts):
         raise TooSmallToSplit(
             f"validation_split={validation_split} samples leaves nothing to train on: "

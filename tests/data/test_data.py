@@ -204,6 +204,15 @@ def test_text_dataset_as_seq2seq_is_a_mismatch(tmp_path):
         load_corpus("builtin:numbers-en-fr", num_examples=10)
 
 
+def test_a_generated_task_of_one_pair_is_refused_naming_the_count():
+    """One sample cannot be split into training and validation (the split's own error named neither)."""
+    with pytest.raises(ValueError, match=r"has 1 training sample, too few to carve a validation split from: give at "
+                                         r"least 2 \(--num_examples"):
+        load_corpus("builtin:numbers-en-fr", task="seq2seq", num_examples=1)
+    dd = load_corpus("builtin:numbers-en-fr", task="seq2seq", num_examples=2)
+    assert len(dd["train"]) == 1 and len(dd["validation"]) == 1
+
+
 @pytest.mark.parametrize("content", ["", "text\n"])
 def test_empty_dataset(tmp_path, content):
     path = tmp_path / "empty.csv"
