@@ -151,16 +151,24 @@ def stage_for_upload(
         return write_folder(folder, lambda fresh: _stage(info, fresh, repo_id=repo_id, license=license, explorer=page))
 
 
+def _summary(folder: Path) -> dict:
+    """A folder's training_summary.json, or {} where it has none that reads as one."""
+    try:
+        summary = json.loads((folder / "training_summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
 def check_run_finished(model_dir: Path) -> None:
     """Refuse the folder of a run in two phases stopped before its student finished: it holds the teacher, with the
     teacher's card, while the run's model is still to come (training_summary.json: the split the shape plan made,
-    and no model kept by the run yet)."""
-    try:
-        summary = json.loads((model_dir / "training_summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    and no model kept by the run yet). A finished run's teacher kept by --keep_phases (``folders_kept``) is a model
+    of its own."""
+    summary, parent = _summary(model_dir), _summary(model_dir.resolve().parent).get("phases") or {}
+    if model_dir.resolve().name == "teacher" and parent.get("model_kept") and parent.get("folders_kept"):
         return
-    split = (summary.get("shape_plan") or {}).get("phases") if isinstance(summary, dict) else None
-    if split and not (summary.get("phases") or {}).get("model_kept"):
+    if (summary.get("shape_plan") or {}).get("phases") and not (summary.get("phases") or {}).get("model_kept"):
         raise ValueError(f"{model_dir} holds the teacher of a run in two phases that stopped before its student "
                          "finished, not the run's model: finish it with the same `minitx train` command plus "
                          "--resume_from_checkpoint latest, then push")
@@ -363,11 +371,7 @@ def push_to_hub(
 def training_warning(model_dir: str | Path) -> str | None:
     """The warning its training left in a folder's training_summary.json (a run that diverged or ended at
     chance), as one line; None when there is none or no readable summary."""
-    try:
-        summary = json.loads((Path(model_dir) / "training_summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    warning = summary.get("warning") if isinstance(summary, dict) else None
+    warning = _summary(Path(model_dir)).get("warning")
     return f"warning: {str(warning).removeprefix('warning: ')}" if warning else None
 
 

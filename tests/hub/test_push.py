@@ -383,3 +383,8 @@ def test_a_folder_a_run_still_writes_or_a_two_phase_run_left_half_done_is_not_pu
     finished = {**summary, "shape_plan": {"phases": {"minutes": 1.2}}, "phases": {"model_kept": "student"}}
     summary_file.write_text(json.dumps(finished))  # the run's own model: pushed
     assert minitx(["push", "--model_dir", str(causal_copy), "--dry_run", str(tmp_path / "stage")]) == 0
+    teacher = causal_copy / "teacher"  # a finished run's teacher kept by --keep_phases: a model of its own
+    shutil.copytree(tmp_path / "stage", teacher)
+    (teacher / "training_summary.json").write_text(json.dumps({**summary, "shape_plan": {"phases": {"minutes": 1}}}))
+    summary_file.write_text(json.dumps({**finished, "phases": {"model_kept": "student", "folders_kept": True}}))
+    assert minitx(["push", "--model_dir", str(teacher), "--dry_run", str(tmp_path / "stage-teacher")]) == 0
