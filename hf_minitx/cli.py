@@ -89,8 +89,8 @@ def parse_arguments(
     class Parser(HfArgumentParser, _OneLineErrorParser):
         pass
 
-    parser = Parser(list(types), prog=prog, description=description,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(list(types), prog=prog, description=description, allow_abbrev=False,  # --max_st is no option:
+                    formatter_class=argparse.RawDescriptionHelpFormatter)  # a prefix would pass the checks below
     if defaults:
         parser.set_defaults(**defaults)
     argv = merge_repeated(list(argv or []))
@@ -113,6 +113,7 @@ def merge_repeated(argv: list[str]) -> list[str]:
     index = 0
     while index < len(argv):
         option, equals, value = argv[index].partition("=")
+        option = "--" + option[2:].replace("-", "_") if option.startswith("--") else option  # --config-overrides too
         takes_next = not equals and index + 1 < len(argv)
         if option not in MERGED_OPTIONS or not (equals or takes_next):
             merged.append(argv[index])

@@ -203,3 +203,15 @@ def test_config_overrides_given_several_times_all_apply():
     assert model_args.config_overrides == "hidden_act=swiglu,attention_bias=false,hidden_act=relu2"
     assert train_args.max_steps == 3
     assert merge_repeated(["--config_overrides"]) == ["--config_overrides"]  # no value: argparse says so
+    # HfArgumentParser's dash spelling is the same option
+    merged = merge_repeated(["--config-overrides", "a=1", "--config_overrides", "b=2"])
+    assert merged == ["--config_overrides", "a=1,b=2"]
+
+
+def test_an_abbreviated_option_is_unrecognized_not_taken_for_another(tmp_path, capsys):
+    """argparse's prefixes would slip past the merge of --config_overrides and the given-twice check of --prompt
+    (`--prom a --prompt b` generated for b alone, `--config_overr x=1` was dropped unchecked)."""
+    assert main(["generate", "--model", str(tmp_path), "--prom", "a", "--prompt", "b"]) == 2
+    assert "unrecognized arguments: --prom a" in capsys.readouterr().err
+    assert main(["train", "--output_dir", str(tmp_path / "x"), "--config_overr", "nosuchfield=1"]) == 2
+    assert "unrecognized arguments: --config_overr" in capsys.readouterr().err and not (tmp_path / "x").exists()

@@ -66,11 +66,12 @@ def test_every_corpus_the_comparison_cannot_cut_is_refused_before_work(tmp_path,
 
 
 @pytest.mark.parametrize("extra", ["--max_minutes 5", "--num_threads=7", "--max_steps 10", "--output_dir x",
-                                   "--dataset builtin:kjv --optimizer adamw", "--max-minutes 5", "--max_min 5",
-                                   "--output-dir x"])
+                                   "--dataset builtin:kjv --optimizer adamw", "--max-minutes 5", "--output-dir x"])
 def test_our_arguments_may_change_the_recipe_not_the_comparison(extra):
     with pytest.raises(ValueError, match="--quality_ours_args may not set --[a-z_]+.*the comparison sets them"):
         QualitySettings(ours_args=extra).check()
+    with pytest.raises(ValueError, match="unrecognized arguments: --max_min 5"):  # no prefixes: minitx takes none
+        QualitySettings(ours_args="--max_min 5").check()
     QualitySettings(ours_args="--optimizer adamw --block_size 64").check()  # the recipe, and both sides' blocks
 
 

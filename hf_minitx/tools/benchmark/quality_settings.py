@@ -87,7 +87,8 @@ def our_arguments(settings: QualitySettings, data: Path, tokenizer: Path, out: P
 
 def changed_controls(settings: QualitySettings) -> list[str]:
     """The comparison's own `minitx train` settings (``RUN_CONTROLS``) that --quality_ours_args would change,
-    read from the parsed arguments, so that `--max-minutes`, `--max_min` or `--max_minutes=5` are all seen."""
+    read from the parsed arguments, so that `--max-minutes` and `--max_minutes=5` are both seen (a prefix such as
+    `--max_min` is refused as unrecognized)."""
     from ...training.arguments import parse_training_args
 
     paths = (Path("data"), Path("tokenizer"), Path("out"))
