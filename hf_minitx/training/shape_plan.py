@@ -265,7 +265,7 @@ def check_phase_budget(split: dict[str, Any], given: float | None, phase: str) -
     """A resume of a run in two phases given a --max_minutes shorter than the ``phase``'s share (and not the whole
     budget) is refused in the budget the user typed: the phase's plan would stop before its decay ends."""
     share = split[f"{phase}_minutes"]
-    if given is None or given >= share or any(math.isclose(given, m) for m in (share, split["minutes"])):
+    if given is None or given >= share or math.isclose(given, share):  # the whole budget is longer than a share
         return
     raise ValueError(f"the run was planned for --max_minutes {split['minutes']:g} in two phases (a teacher for "
                      f"{split['teacher_minutes']:.3g} min, then a student for {split['student_minutes']:.3g}); "
