@@ -85,12 +85,16 @@ def parse_arguments(
     `defaults` replaces field defaults (e.g. from an arguments file); unknown arguments are an error.
     """
     from transformers import HfArgumentParser
+    from transformers.hf_argparser import string_to_bool
 
     class Parser(HfArgumentParser, _OneLineErrorParser):
         pass
 
     parser = Parser(list(types), prog=prog, description=description, allow_abbrev=False,  # --max_st is no option:
                     formatter_class=argparse.RawDescriptionHelpFormatter)  # a prefix would pass the checks below
+    for action in parser._actions:  # `bool | None` fields (None: the task decides) take `--flag` alone, as bools do
+        if action.type is string_to_bool and action.nargs is None:
+            action.nargs, action.const = "?", True
     if defaults:
         parser.set_defaults(**defaults)
     argv = merge_repeated(list(argv or []))
@@ -98,7 +102,19 @@ def parse_arguments(
     *parsed, extra = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if extra:
         raise ValueError(_unused_message(argv, extra))
+    for args in parsed:
+        check_seed(getattr(args, "seed", None))
     return tuple(parsed)
+
+
+SEED_LIMIT = 2**32  # numpy's and the tokenizer trainer's seeds are unsigned 32-bit
+
+
+def check_seed(seed: int | None) -> None:
+    """Refuse a --seed outside [0, 2**32) in the option's own words, before numpy or the tokenizer's trainer would
+    refuse it in theirs (or, for a large one, halfway through a run)."""
+    if seed is not None and not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"--seed must be a whole number from 0 to {SEED_LIMIT - 1} (2**32 - 1), got {seed}")
 
 
 MERGED_OPTIONS = ("--config_overrides",)  # name=value lists: each time given adds its names (a later one wins a name)

@@ -125,9 +125,11 @@ def test_argument_errors_are_one_line_with_exit_code_2(capsys):
 
 
 def test_visualize_lists_its_pictures_and_refuses_unknown_ones(capsys):
-    main(["visualize", "--help"])
+    assert main(["visualize", "--help"]) == 0
     listing = capsys.readouterr().out
     assert all(f"  {name} " in listing for name in ("attention", "positions", "training", "masks", "params"))
+    assert main(["visualize"]) == 2  # no picture named: a usage error (the list is still printed), as `minitx` alone
+    assert capsys.readouterr().out == listing
     assert main(["visualize", "heatmap", "--out", "x.png"]) == 2
     assert "unknown picture 'heatmap'" in capsys.readouterr().err
 
@@ -215,3 +217,17 @@ def test_an_abbreviated_option_is_unrecognized_not_taken_for_another(tmp_path, c
     assert "unrecognized arguments: --prom a" in capsys.readouterr().err
     assert main(["train", "--output_dir", str(tmp_path / "x"), "--config_overr", "nosuchfield=1"]) == 2
     assert "unrecognized arguments: --config_overr" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_a_flag_whose_default_the_task_decides_takes_no_value():
+    """`bool | None` fields (None: decided by the task) take `--shift_windows` alone, as plain bools do;
+    HfArgumentParser asked them for a value."""
+    from hf_minitx.training.arguments import DataArguments, TrainArguments
+
+    def parsed(*argv):
+        data_args, train_args = parse_arguments((DataArguments, TrainArguments), list(argv), prog="t")
+        return data_args.shift_windows, train_args.calibrate_temperature
+
+    assert parsed() == (None, None)
+    assert parsed("--shift_windows", "--calibrate_temperature") == (True, True)
+    assert parsed("--shift_windows", "false", "--calibrate_temperature", "no") == (False, False)

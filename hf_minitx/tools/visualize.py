@@ -449,16 +449,16 @@ def draw(args: Any) -> None:
         print(format_param_table(plot_params(args.model, args.out)))
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
-    """`minitx visualize PICTURE --out FILE.png ...`; returns the PNG path."""
-    from ..cli import parse_arguments
+def main(argv: Sequence[str] | None = None) -> Path | int:
+    """`minitx visualize PICTURE --out FILE.png ...`; returns the PNG path (the exit code where no picture is named)."""
+    from ..cli import EXIT_USAGE, parse_arguments
 
     argv = list(argv or [])
     if not argv or argv[0] in ("-h", "--help"):
         listing = "\n".join(f"  {name:<10} {cls.__doc__}" for name, cls in PICTURES.items())
         print(f"usage: minitx visualize PICTURE --out FILE.png [ARGS ...]\n\npictures:\n{listing}\n\n"
               "`minitx visualize PICTURE --help` lists its arguments.")
-        return Path()
+        return EXIT_USAGE if not argv else Path()  # no picture named: a usage error, as `minitx` alone is
     if argv[0] not in PICTURES:
         raise ValueError(f"unknown picture {argv[0]!r}; choose one of: {', '.join(PICTURES)}")
     args, output = parse_arguments([PICTURES[argv[0]], OutputFileArguments], argv[1:],

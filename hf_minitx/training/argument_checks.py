@@ -4,6 +4,7 @@ refused with one clear error naming the option, before any work (``plan_run`` ca
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 from ..data.builtin import check_num_examples
@@ -114,6 +115,9 @@ def check_training_arguments(train_args: TrainArguments) -> None:
     for name, (value, least) in at_least.items():
         if value is not None and value < least:
             raise ValueError(f"--{name} must be >= {least}, got {value}")
+    if train_args.num_threads is not None and train_args.num_threads >= 2**31:  # torch.set_num_threads takes a C int
+        raise ValueError(f"--num_threads {train_args.num_threads} is more than torch can set (at most 2**31 - 1); "
+                         f"this machine has {os.cpu_count()} cores, and leaving it out uses them all")
     for name in ("eval_steps", "checkpointing_steps"):
         value = getattr(train_args, name)
         if value is not None and value > 1 and not float(value).is_integer():
@@ -170,3 +174,13 @@ def check_stream_length(train_args: TrainArguments) -> None:
     if train_args.max_steps is None and train_args.max_minutes is None:
         raise ValueError("--streaming needs --max_steps or --max_minutes: a stream has no length to count epochs "
                          "from")
+
+
+def check_accumulation_window(accumulation_steps: int, batches_per_epoch: int | None) -> None:
+    """One optimizer step reads the training split at most once: its window of micro-batches is gathered whole
+    before the backward (the loss is divided by the window's token count), so a longer window would hold the split
+    in memory more than once and repeat its rows in one gradient. A streamed corpus has no count to check."""
+    if batches_per_epoch is not None and accumulation_steps > batches_per_epoch:
+        raise ValueError(f"--gradient_accumulation_steps {accumulation_steps} asks one optimizer step to read "
+                         f"{accumulation_steps} batches, and the training split holds {batches_per_epoch}; give at "
+                         f"most {batches_per_epoch} (one step a pass over the data)")

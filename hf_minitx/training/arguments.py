@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .model_presets import PRESET_TRAINING, read_preset
+from .model_presets import BOOL_WORDS, PRESET_TRAINING, read_preset
 
 DEFAULT_PRESET = "default"  # the blocks of a run without --preset (a time budget then chooses the shape)
 ARGS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
@@ -319,9 +319,21 @@ def _read_args_file(path: Path) -> dict[str, Any]:
         raise ValueError(f"arguments file {path} is not valid {path.suffix[1:].upper()} ({detail}); fix it") from None
     if not isinstance(values, dict):
         raise ValueError(f"arguments file {path} must hold a mapping of argument names to values")
+    repeated = repeated_keys(text, path.suffix)
+    if repeated:  # JSON and YAML readers keep the last value without a word
+        raise ValueError(f"arguments file {path} gives {', '.join(repeated)} more than once; keep one of each")
     known = {f.name for cls in ARGUMENT_CLASSES for f in fields(cls) if f.init}
     check_known(values, known, f"arguments file {path}")
     return typed_values(values, f"arguments file {path}")
+
+
+def repeated_keys(text: str, suffix: str) -> list[str]:
+    """The names a JSON or YAML mapping (already read as one) gives more than once, at its top level."""
+    if suffix == ".json":
+        names = [name for name, _ in json.loads(text, object_pairs_hook=lambda pairs: pairs)]
+    else:
+        names = [str(key.value) for key, _ in yaml.compose(text, Loader=yaml.SafeLoader).value]
+    return sorted({name for name in names if names.count(name) > 1})
 
 
 def check_known(values: dict[str, Any], known: set[str], where: str, kind: str = "argument") -> None:
@@ -359,9 +371,6 @@ def typed_values(values: dict[str, Any], where: str) -> dict[str, Any]:
     return typed
 
 
-BOOL_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}  # as the command line
-
-
 def _typed(kind: Any, value: Any) -> Any:
     """``value`` as an argument of type ``kind``; TypeError or ValueError when it is not one."""
     if typing.get_origin(kind) is Literal:
@@ -390,6 +399,7 @@ def parse_training_args(argv: list[str] | None = None) -> tuple[ModelArguments, 
     if argv and not argv[0].startswith("-") and Path(argv[0]).suffix in ARGS_FILE_SUFFIXES:
         args_file = argv.pop(0)
         file_values = _read_args_file(Path(args_file))
+    check_args_file_first(argv)
     def parse(defaults: dict[str, Any] | None) -> tuple[ModelArguments, DataArguments, TrainArguments]:
         return parse_arguments(
             ARGUMENT_CLASSES, argv, prog="minitx train", defaults=defaults,
@@ -402,6 +412,16 @@ def parse_training_args(argv: list[str] | None = None) -> tuple[ModelArguments, 
         model_args, data_args, train_args = parse({**recipe, **(file_values or {})})
     train_args.arguments_file = args_file
     return model_args, data_args, train_args
+
+
+def check_args_file_first(argv: list[str]) -> None:
+    """An arguments file given after an option (not as its value) is refused with where it goes: argparse would
+    call it an unrecognized argument, or take it for a second path of the option before it."""
+    for before, arg in zip(argv, argv[1:], strict=False):
+        if not before.startswith("-") and Path(arg).suffix in ARGS_FILE_SUFFIXES and Path(arg).is_file():
+            rest = [a for a in argv if a is not arg]
+            raise ValueError(f"the arguments file {arg} goes first, before the options: "
+                             f"minitx train {arg} {' '.join(rest)}")
 
 
 def preset_training(preset: str) -> dict[str, Any]:

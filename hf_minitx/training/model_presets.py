@@ -13,9 +13,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from transformers import PretrainedConfig
+
 from ..models import MiniTxConfig
 
 PRESETS = resources.files(__package__) / "presets"  # JSON files shipped inside the package
+# the words a flag takes, in an arguments file or --config_overrides as on the command line (transformers'
+# string_to_bool): a file that says `compile: y` trains as `--compile y` does
+BOOL_WORDS = {"true": True, "t": True, "yes": True, "y": True, "1": True,
+              "false": False, "f": False, "no": False, "n": False, "0": False}
 
 
 def available_presets() -> dict[str, str]:
@@ -60,9 +66,21 @@ def load_preset(preset: str) -> dict[str, Any]:
 PRESET_TRAINING = "training"  # the preset key of its training-argument defaults
 
 
+# PretrainedConfig's own fields: how transformers calls and files a model, not what the model is. A recipe that set
+# them would break training (return_dict=false hands the loop tuples) or be silently undone (dtype: the run's weights
+# follow --mixed_precision); is_encoder_decoder stays, as --task's twin, with its own check in the run's plan.
+RUNTIME_FIELDS = frozenset(f.name for f in fields(PretrainedConfig)) - {"is_encoder_decoder"}
+
+
 def check_config_field(name: str, where: str) -> None:
-    """Refuse a name that is not a MiniTxConfig field, naming the closest fields (``where``: its source)."""
-    names = [f.name for f in fields(MiniTxConfig)]
+    """Refuse a name that is not a MiniTxConfig field, naming the closest fields (``where``: its source), and one
+    of PretrainedConfig's runtime fields, which are not a model's recipe."""
+    if name in RUNTIME_FIELDS:
+        hint = ("train in bfloat16 or float16 with --mixed_precision bf16/fp16, and load a saved model in another "
+                "dtype with from_pretrained(..., dtype=...)") if name == "dtype" else (
+                "pass it to the model's call or to from_pretrained instead")
+        raise ValueError(f"{where}: {name!r} is how transformers runs or files a model, not part of its recipe; {hint}")
+    names = [f.name for f in fields(MiniTxConfig) if f.name not in RUNTIME_FIELDS]
     if name not in names:
         close = difflib.get_close_matches(name, names, n=3)
         hint = f"; did you mean {' or '.join(close)}?" if close else "; see MiniTxConfig for the field names"
@@ -88,10 +106,9 @@ def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
             continue
         kinds = [t for t in options if t is not type(None)]
         kind = kinds[0] if len(kinds) == 1 and kinds[0] in (bool, int, float, str) else None
-        words = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
         try:
             if kind is bool:
-                result[name] = words[raw.lower()]
+                result[name] = BOOL_WORDS[raw.lower()]
             elif kind in (int, float, str):
                 result[name] = kind(raw)
             else:
@@ -101,5 +118,5 @@ def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
     return result
 
 
-__all__ = ["PRESETS", "PRESET_TRAINING", "available_presets", "check_config_field", "load_preset",
+__all__ = ["BOOL_WORDS", "PRESETS", "PRESET_TRAINING", "available_presets", "check_config_field", "load_preset",
            "parse_config_overrides", "preset_path", "read_preset"]

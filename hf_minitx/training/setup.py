@@ -25,6 +25,7 @@ from ..device import keep_freed_memory, pick_device
 from ..hub.card_training import describe_shape_candidates
 from ..inference import non_finite_weights
 from ..models import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration
+from .argument_checks import check_accumulation_window
 from .arguments import DEFAULT_PRESET, TrainArguments
 from .best import BestWeights
 from .budget import TimeBudget, every
@@ -71,6 +72,7 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
         len(data.train), train_args.per_device_train_batch_size, num_processes=accelerator.num_processes,
         window=shift_window(plan),
     ).batches_per_epoch
+    check_accumulation_window(k, batches_per_epoch)
     timing_seconds = choose_planned_shape(plan, tokenizer, accelerator, batches_per_epoch, data)
     set_seed(train_args.seed)
     model = build_model(plan.config, tokenizer)

@@ -124,6 +124,15 @@ def test_config_overrides_reject_typos_and_parse_by_field_type():
         parse_config_overrides("hidden_size=3.5")
 
 
+@pytest.mark.parametrize("name", ["return_dict", "output_hidden_states", "dtype", "architectures"])
+def test_config_overrides_refuse_runtime_fields(name):
+    """PretrainedConfig's runtime fields are not a recipe: return_dict=false would hand the training loop tuples,
+    dtype would be undone by --mixed_precision. is_encoder_decoder, --task's twin, is still taken."""
+    with pytest.raises(ValueError, match=f"'{name}' is how transformers runs or files a model"):
+        parse_config_overrides(f"{name}=false")
+    assert parse_config_overrides("is_encoder_decoder=true") == {"is_encoder_decoder": True}
+
+
 @pytest.mark.parametrize("bad", [64, 1000, -5])
 def test_label_ids_outside_the_vocabulary(causal, seq2seq, bad):
     ids = random_ids(1, 4)

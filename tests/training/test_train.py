@@ -411,6 +411,41 @@ def test_args_file_gives_defaults_and_the_command_line_overrides(tmp_path):
     assert (data_args.block_size, train_args.max_steps) == (64, 7)
 
 
+def test_args_file_after_an_option_is_told_to_go_first(tmp_path):
+    """Given after the options it was taken for a second --output_dir path (a glob the shell expanded); as an
+    option's own value (a JSON corpus for --dataset) it is still that value."""
+    args_file = tmp_path / "run.json"
+    args_file.write_text(json.dumps({"max_steps": 3}))
+    with pytest.raises(ValueError, match=f"the arguments file {args_file} goes first, before the options: "
+                                         f"minitx train {args_file} --output_dir o --seed 3"):
+        parse_training_args(["--output_dir", "o", str(args_file), "--seed", "3"])
+    _, data_args, _ = parse_training_args(["--dataset", str(args_file), "--output_dir", "o"])
+    assert data_args.dataset == str(args_file)
+
+
+@pytest.mark.parametrize("name, text", [("run.json", '{"max_steps": 2, "seed": 1, "max_steps": 3}'),
+                                        ("run.yaml", "max_steps: 2\nseed: 1\nmax_steps: 3\n")])
+def test_args_file_giving_a_name_twice_is_refused(tmp_path, name, text):
+    """Both readers keep the last value silently; the run would not be the one the file seems to ask for."""
+    args_file = tmp_path / name
+    args_file.write_text(text)
+    with pytest.raises(ValueError, match="gives max_steps more than once; keep one of each"):
+        parse_training_args([str(args_file)])
+
+
+@pytest.mark.parametrize("word, value", [("t", True), ("Y", True), ("yes", True), ("f", False), ("n", False)])
+def test_a_flag_takes_the_same_words_in_a_file_in_overrides_and_on_the_command_line(tmp_path, word, value):
+    from transformers.hf_argparser import string_to_bool
+
+    from hf_minitx.training.model_presets import parse_config_overrides
+
+    assert string_to_bool(word.lower()) is value  # the command line's reading
+    args_file = tmp_path / "run.json"
+    args_file.write_text(json.dumps({"calibrate_temperature": word}))
+    assert parse_training_args([str(args_file)])[2].calibrate_temperature is value
+    assert parse_config_overrides(f"qk_norm={word}") == {"qk_norm": value}
+
+
 def test_args_file_with_an_unknown_key_is_refused(tmp_path):
     args_file = tmp_path / "run.json"
     args_file.write_text(json.dumps({"learning_rat": 0.1}))
