@@ -104,7 +104,16 @@ def parse_arguments(
         raise ValueError(_unused_message(argv, extra))
     for args in parsed:
         check_seed(getattr(args, "seed", None))
+        check_word_sized(args)
     return tuple(parsed)
+
+
+def check_word_sized(args: Any) -> None:
+    """Refuse a whole number past 64 bits, naming its option: torch, numpy and itertools would each refuse it later
+    in their own words (an overflow, at the first evaluation of a run already under way)."""
+    for name, value in vars(args).items():
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.maxsize:
+            raise ValueError(f"--{name} {value} is past what a 64-bit count holds (at most {sys.maxsize})")
 
 
 SEED_LIMIT = 2**32  # numpy's and the tokenizer trainer's seeds are unsigned 32-bit

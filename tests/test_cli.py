@@ -231,3 +231,13 @@ def test_a_flag_whose_default_the_task_decides_takes_no_value():
     assert parsed() == (None, None)
     assert parsed("--shift_windows", "--calibrate_temperature") == (True, True)
     assert parsed("--shift_windows", "false", "--calibrate_temperature", "no") == (False, False)
+
+
+def test_a_number_past_64_bits_is_refused_naming_its_option(tmp_path, capsys):
+    """Every subcommand parses through one function: torch, numpy and itertools each refused such a number later,
+    in an overflow naming nothing (the training run's at its first evaluation)."""
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "a", "--max_new_tokens", str(2**64)]) == 2
+    assert f"--max_new_tokens {2**64} is past what a 64-bit count holds" in capsys.readouterr().err
+    assert main(["train-tokenizer", "--output_dir", str(tmp_path / "t"), "--seed", "-1"]) == 2
+    assert "--seed must be a whole number from 0 to 4294967295" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()

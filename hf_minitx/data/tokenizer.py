@@ -228,11 +228,22 @@ class TokenizerArguments:
         "help": "replace --output_dir even when minitx did not make it (deletes every file in it)"})
 
 
+MAX_VOCAB_SIZE = 2**32  # tokenizers numbers its tokens with 32-bit ids
+
+
+def check_vocab_size(vocab_size: int, option: str) -> None:
+    """A BPE's size ``option`` (a flag's name, for the message): the bytes and special tokens at least, and no
+    more tokens than an id can number (past 64 bits the trainer would fail with an overflow naming nothing)."""
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"{option} must be >= {MIN_VOCAB_SIZE} (256 bytes + {len(SPECIAL_TOKENS)} special "
+                         f"tokens; more makes merges), got {vocab_size}")
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise ValueError(f"{option} must be at most {MAX_VOCAB_SIZE} (2**32: a token id is 32 bits), got {vocab_size}")
+
+
 def check_tokenizer_arguments(args: TokenizerArguments) -> None:
     """Sizes and counts that can train a tokenizer; checked before anything is read or written."""
-    if args.vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(f"--vocab_size must be >= {MIN_VOCAB_SIZE} (256 bytes + {len(SPECIAL_TOKENS)} special "
-                         f"tokens; more makes merges), got {args.vocab_size}")
+    check_vocab_size(args.vocab_size, "--vocab_size")
     if args.min_frequency < 0:
         raise ValueError(f"--min_frequency must be >= 0 (the pair count a merge needs), got {args.min_frequency}")
     for name in ("max_texts", "num_examples", "model_max_length"):

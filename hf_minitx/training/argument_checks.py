@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..data.builtin import check_num_examples
 from ..data.corpus import corpus_task
-from ..data.tokenizer import MIN_VOCAB_SIZE
+from ..data.tokenizer import check_vocab_size
 from ..models import MiniTxConfig
 from .arguments import DataArguments, TrainArguments
 from .optim import check_optimizer_arguments
@@ -68,9 +68,8 @@ def check_data_arguments(config: MiniTxConfig, data_args: DataArguments) -> None
         raise ValueError(f"--shift_windows cuts packed causal-lm text and does not apply with {where}; leave it out")
     if data_args.shuffle_buffer < 0:
         raise ValueError(f"--shuffle_buffer must be >= 0 (0 keeps stream order), got {data_args.shuffle_buffer}")
-    if not data_args.tokenizer and data_args.tokenizer_vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(f"--tokenizer_vocab_size must be >= {MIN_VOCAB_SIZE} (256 bytes + 4 special tokens), got "
-                         f"{data_args.tokenizer_vocab_size}")
+    if not data_args.tokenizer:
+        check_vocab_size(data_args.tokenizer_vocab_size, "--tokenizer_vocab_size")
     for name, value in lengths.items():
         if value > config.max_position_embeddings:
             raise ValueError(

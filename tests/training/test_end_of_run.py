@@ -553,10 +553,10 @@ def test_a_foreign_checkpoint_of_another_vocabulary_is_named(two_steps, text_fil
     (["--weight_decay", "-1"], "--weight_decay must be >= 0"),
     (["--seed", "-5"], "--seed must be a whole number from 0 to 4294967295"),  # numpy would say it in its words
     (["--seed", str(2**64)], "--seed must be a whole number from 0 to 4294967295"),
-    (["--num_threads", str(2**70)], "--num_threads 1180591620717411303424 is more than torch can set"),
+    (["--num_threads", str(2**40)], "--num_threads 1099511627776 is more than torch can set"),
     (["--config_overrides", "return_dict=false"], "'return_dict' is how transformers runs or files a model"),
     # the window is gathered whole before its backward: a huge one filled memory instead of training
-    (["--gradient_accumulation_steps", str(10**22)], f"asks one optimizer step to read {10**22} batches"),
+    (["--gradient_accumulation_steps", str(10**6)], f"asks one optimizer step to read {10**6} batches"),
 ])
 def test_bad_settings_are_refused_before_any_work(tmp_path, text_file, capsys, args, message):  # noqa: F811
     assert minitx(["train", *causal_args(text_file, tmp_path / "run", "--max_steps", "2", *args)]) == 2
