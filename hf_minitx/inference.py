@@ -7,6 +7,7 @@ batched encoder-decoder path, also used to score translations during training).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -169,8 +170,10 @@ def check_generation_arguments(kwargs: dict[str, Any]) -> None:
         raise ValueError(f"top_p must be in (0, 1] (a probability mass), got {top_p}; e.g. --top_p 0.9")
     if top_k is not None and top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 turns it off), got {top_k}")
-    if kwargs.get("temperature") is not None and kwargs["temperature"] <= 0:
-        raise ValueError(f"temperature must be > 0, got {kwargs['temperature']}; use --greedy for deterministic output")
+    temperature = kwargs.get("temperature")
+    if temperature is not None and not 0 < temperature < math.inf:  # NaN too: transformers would say it in its words
+        raise ValueError(f"temperature must be > 0 and finite, got {temperature}; use --greedy for deterministic "
+                         "output")
     if kwargs.get("num_beams") is not None and kwargs["num_beams"] < 1:
         raise ValueError(f"num_beams must be >= 1 (1 is greedy or sampling), got {kwargs['num_beams']}")
     if kwargs.get("max_new_tokens") is not None and kwargs["max_new_tokens"] < 1:
@@ -303,6 +306,9 @@ def generate(
         raise ValueError("give at least one prompt")
     kwargs = {k: v for k, v in generate_kwargs.items() if v is not None}
     check_generation_arguments(kwargs)
+    if kwargs.get("num_beams", 1) > model.config.vocab_size:  # each beam a step's scores: memory grows with the width
+        raise ValueError(f"num_beams must be at most the vocabulary size ({model.config.vocab_size}): a first step "
+                         f"has no more different continuations to keep, got {kwargs['num_beams']}")
     kwargs["logits_processor"] = LogitsProcessorList([*kwargs.get("logits_processor", ()), FiniteScoresCheck()])
     prompts = list(checked_texts(prompts, "the prompts"))
     device = next(model.parameters()).device
@@ -334,10 +340,10 @@ class GenerateArguments:
     model: str = field(metadata={"help": "a saved model folder (the --output_dir of a training run)"})
     prompt: list[str] = field(metadata={"help": "one or more prompts (or sources to translate)"})
     max_new_tokens: int | None = field(default=None, metadata={"help": "default: generation_config.json"})
-    do_sample: bool = field(default=False, metadata={
-        "help": "sample (default: what the model's generation_config.json says; --temperature, --top_k or --top_p "
-                "sample too)"})
-    greedy: bool = field(default=False, metadata={"help": "greedy decoding (no sampling)"})
+    do_sample: bool | None = field(default=None, metadata={
+        "help": "sample, or with false decode greedily (default: what the model's generation_config.json says; "
+                "--temperature, --top_k or --top_p sample too)"})
+    greedy: bool = field(default=False, metadata={"help": "greedy decoding (no sampling): --do_sample false"})
     temperature: float | None = field(default=None, metadata={"help": "sampling temperature"})
     top_k: int | None = field(default=None, metadata={"help": "sample among the k most likely tokens"})
     top_p: float | None = field(default=None, metadata={"help": "nucleus sampling probability mass"})
@@ -357,16 +363,17 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
                               description="Generate with a saved hf_minitx model (decoder-only or encoder-decoder).")
     if args.greedy and args.do_sample:
         raise ValueError("--greedy and --do_sample contradict each other; give one of them")
+    greedy = "--greedy" if args.greedy else "--do_sample false" if args.do_sample is False else None
     sampling = [f"--{name}" for name in ("temperature", "top_k", "top_p") if getattr(args, name) is not None]
-    if args.greedy and sampling:
-        raise ValueError(f"--greedy does not sample, so {', '.join(sampling)} would do nothing; drop "
-                         f"{'it' if len(sampling) == 1 else 'them'} or --greedy")
+    if greedy and sampling:
+        raise ValueError(f"{greedy} does not sample, so {', '.join(sampling)} would do nothing; drop "
+                         f"{'it' if len(sampling) == 1 else 'them'} or {greedy}")
     list(checked_texts(args.prompt, option="--prompt"))  # a byte the shell could not decode, named up front
     model, tokenizer = load_model_folder(args.model, device=args.device, dtype=args.dtype)
     if model.config.is_encoder_decoder:  # a source past the encoder's positions is refused, whatever the length asked
         check_sources_fit(model, tokenizer, args.prompt, refuse_past_training=True)
     # a sampling setting samples (a model whose generation_config is greedy would ignore it); beams search
-    do_sample = True if args.do_sample or sampling else False if args.greedy or (args.num_beams or 1) > 1 else None
+    do_sample = True if args.do_sample or sampling else False if greedy or (args.num_beams or 1) > 1 else None
     outputs = generate(  # an asked length past the trained context is refused (in Python: a warning)
         model, tokenizer, args.prompt, seed=args.seed, refuse_past_training=args.max_new_tokens is not None,
         max_new_tokens=args.max_new_tokens,

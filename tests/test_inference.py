@@ -254,15 +254,30 @@ def test_an_empty_source_is_refused_by_a_translation_model_too(tokenizer, tmp_pa
 
 @pytest.mark.parametrize("extra, said", [
     (["--top_p", "0.5"], "--greedy does not sample, so --top_p would do nothing; drop it or --greedy"),
-    (["--temperature", "0.7", "--top_k", "5"], "so --temperature, --top_k would do nothing; drop them or --greedy")])
+    (["--temperature", "0.7", "--top_k", "5"], "so --temperature, --top_k would do nothing; drop them or --greedy"),
+    (["--temperature", "nan"], "temperature must be > 0 and finite, got nan"),  # transformers' words before
+    (["--temperature", "inf"], "temperature must be > 0 and finite, got inf"),  # sampled uniformly before
+    (["--num_beams", "100000"], "num_beams must be at most the vocabulary size"),  # took 11 GB before
+])
 def test_sampling_settings_beside_greedy_are_refused_not_ignored(causal_dir, capsys, extra, said):
-    assert minitx(["generate", "--model", str(causal_dir), "--prompt", "the cat", "--greedy", *extra]) == 2
+    greedy = ["--greedy"] if "would do nothing" in said else []
+    assert minitx(["generate", "--model", str(causal_dir), "--prompt", "the cat", *greedy, *extra]) == 2
     assert said in capsys.readouterr().err
 
 
+def test_do_sample_false_decodes_greedily(causal_dir, capsys):
+    """`--do_sample false` was read as "not given" and the model's generation_config sampled anyway."""
+    with mock.patch.object(inference, "generate", return_value=["x"]) as run:
+        inference.main(["--model", str(causal_dir), "--prompt", "the cat", "--do_sample", "false"])
+    assert run.call_args.kwargs["do_sample"] is False
+    argv = ["generate", "--model", str(causal_dir), "--prompt", "the cat", "--do_sample", "false", "--top_k", "5"]
+    assert minitx(argv) == 2
+    assert "--do_sample false does not sample, so --top_k would do nothing" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flags, do_sample", [
-    ([], None), (["--temperature", "0.5"], True), (["--top_k", "5"], True), (["--num_beams", "2"], False),
-    (["--num_beams", "2", "--top_p", "0.9"], True)])
+    ([], None), (["--do_sample"], True), (["--temperature", "0.5"], True), (["--top_k", "5"], True),
+    (["--num_beams", "2"], False), (["--num_beams", "2", "--top_p", "0.9"], True)])
 def test_a_sampling_setting_samples_even_where_the_generation_config_is_greedy(causal_dir, flags, do_sample):
     with mock.patch.object(inference, "generate", return_value=["x"]) as run:
         inference.main(["--model", str(causal_dir), "--prompt", "the cat", *flags])
