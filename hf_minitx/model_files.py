@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from pathlib import Path
 
@@ -63,6 +64,10 @@ def read_folder_config(folder: Path) -> dict:
     check_model_path(folder)
     if not path.is_file():
         refuse_interrupted_run(folder)
+        if re.fullmatch(r"checkpoint-\d+", folder.name) and (folder / "run_state.json").is_file():
+            raise FileNotFoundError(f"{folder} is a training checkpoint (the state a run resumes from), not a model "
+                                    f"folder; pass its run's folder {folder.parent}, or see the run's checkpoints "
+                                    f"with `minitx explore --model {folder.parent} --run {folder.parent}`")
         raise FileNotFoundError(f"{folder} is not a model folder (no config.json); "
                                 "pass the --output_dir of a training run")
     try:

@@ -68,7 +68,7 @@ class ExploreArguments:
         "help": "encoder-decoder models: the target text, read with teacher forcing (required for them)"})
     run: str | None = field(default=None, metadata={
         "help": "a training output folder with checkpoint-STEP folders: adds a slider over them and the loss curve"})
-    top_k: int = field(default=5, metadata={"help": "next-token candidates shown at each position"})
+    top_k: int = field(default=5, metadata={"help": "next-token candidates shown at each position (1 to 50)"})
     max_checkpoints: int = field(default=12, metadata={
         "help": "at most this many checkpoints, evenly spread from the first to the last (keeps the file small)"})
     overwrite: bool = field(default=False, metadata={
@@ -94,7 +94,7 @@ def encode_inputs(model: Any, tokenizer: Any | None, text: str, target: str | No
             raise ValueError("this is an encoder-decoder model: give the output text with --target "
                              "(it is read with teacher forcing), and the source with --text")
         source = encode_text(text, tokenizer, config) + [config.eos_token_id]
-        decoder = [config.decoder_start_token_id] + encode_text(target, tokenizer, config)
+        decoder = [config.decoder_start_token_id] + encode_text(target, tokenizer, config, option="--target")
         for name, ids in (("--text", source), ("--target", decoder)):
             check_fits_positions(name, ids, config)
         return Inputs(ids=decoder, source=source)
@@ -372,11 +372,15 @@ def _ids_shown(inputs: Inputs, views: Sequence[dict[str, Any]]) -> set[int]:
 # --- the page --------------------------------------------------------------------------------------
 
 
+MAX_TOP_K = 50  # candidates a position's panel lists: more are not read, and a long text's page grows by megabytes
+
+
 def explore_data(model_dir: str | Path, text: str, *, target: str | None = None, run: str | None = None,
                  top_k: int = 5, max_checkpoints: int = 12) -> dict[str, Any]:
     """Everything the page shows, as JSON-ready data (each check done before any forward pass)."""
-    if top_k < 1:
-        raise ValueError(f"--top_k must be at least 1, got {top_k}")
+    if not 1 <= top_k <= MAX_TOP_K:
+        raise ValueError(f"--top_k must be from 1 to {MAX_TOP_K} (the page keeps that many candidates for every "
+                         f"position of every checkpoint), got {top_k}")
     model_dir = Path(model_dir)
     if is_interrupted_run(model_dir):
         model, tokenizer, latest = latest_checkpoint_model(model_dir)

@@ -5,6 +5,8 @@ both read models through these functions.
 
 from __future__ import annotations
 
+import codecs
+import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,24 +38,31 @@ def _byte_level_table() -> dict[str, int]:
 BYTE_LEVEL = _byte_level_table()
 
 
+BYTE_TOKENS = "hf_minitx.byte_tokens"  # a decoding error handler: each byte that is no character as <0xC3>
+codecs.register_error(BYTE_TOKENS, lambda error: (
+    "".join(f"<0x{byte:02X}>" for byte in error.object[error.start:error.end]), error.end))
+
+
 def token_text(token_id: int, tokenizer: Any) -> str:
     """What a token stands for: its text, or, for a token that holds part of a character's UTF-8 bytes (which
-    decodes to U+FFFD alone), those bytes as escapes ("\\xc3"), so that "é" split in two is not shown as "��"."""
+    decodes to U+FFFD alone), those bytes as <0xC3> (Llama's spelling of a byte token), so that "é" split in two
+    is not shown as "��", and a byte is not a backslash escape the explorer page would escape again."""
     piece = tokenizer.decode([token_id])
     if "\ufffd" not in piece:
         return piece
     symbol = tokenizer.convert_ids_to_tokens(token_id)
     if not isinstance(symbol, str) or not symbol or any(char not in BYTE_LEVEL for char in symbol):
         return piece  # not a byte-level token (or a real U+FFFD): as decoded
-    return bytes(BYTE_LEVEL[char] for char in symbol).decode("utf-8", errors="backslashreplace")
+    return bytes(BYTE_LEVEL[char] for char in symbol).decode("utf-8", errors=BYTE_TOKENS)
 
 
-def encode_text(text: str, tokenizer: Any | None, config: Any) -> list[int]:
-    """Token ids of `text`: through the tokenizer, or whitespace-separated integers without one."""
+def encode_text(text: str, tokenizer: Any | None, config: Any, option: str = "--text") -> list[int]:
+    """Token ids of `text` (given with ``option``): through the tokenizer, or whitespace-separated integers
+    without one."""
     if not text or not text.strip():
-        raise ValueError("The text to inspect is empty; pass some words (or token ids for a model without tokenizer).")
+        raise ValueError(f"{option} is empty; pass some words (or token ids for a model without tokenizer).")
     # bytes the shell could not decode are named
-    text = next(checked_texts([text], "the text to inspect", option="--text"))
+    text = next(checked_texts([text], f"the {option} text", option=option))
     if tokenizer is not None:
         # the caller checks length; a "<eos>" written in the text is text, as in training
         ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
@@ -71,7 +80,8 @@ def encode_text(text: str, tokenizer: Any | None, config: Any) -> list[int]:
 
 
 def token_labels(ids: Sequence[int], tokenizer: Any | None, config: Any) -> list[str]:
-    """Short readable labels for axis ticks: special tokens by name, leading spaces shown as '_'."""
+    """Short readable labels for axis ticks: special tokens by name, leading spaces shown as '_', control
+    characters (no font draws them) as escapes: a newline as \\n, a tab as \\t, ESC as \\x1b."""
     special = special_names(config)
     labels = []
     for i in ids:
@@ -79,10 +89,17 @@ def token_labels(ids: Sequence[int], tokenizer: Any | None, config: Any) -> list
             labels.append(special[i])
         elif tokenizer is not None:
             piece = token_text(i, tokenizer)
-            labels.append(piece.replace(" ", "_").replace("\n", "\\n") or "?")
+            labels.append("".join(_label_char(char) for char in piece) or "?")
         else:
             labels.append(str(i))
     return [label if len(label) <= 12 else label[:11] + "…" for label in labels]
+
+
+def _label_char(char: str) -> str:
+    """One character of an axis label: a space as '_', a control character as its Python escape."""
+    if char == " ":
+        return "_"
+    return repr(char)[1:-1] if unicodedata.category(char) == "Cc" else char
 
 
 def check_fits_positions(name: str, ids: Sequence[int], config: Any) -> None:

@@ -122,7 +122,7 @@ def attention_weights(
                          + ("; a single text (--text) is for decoder-only models" if text is not None else ""))
     eos = config.eos_token_id
     source_ids = encode_text(source, tokenizer, config) + [eos]
-    labels = encode_text(target, tokenizer, config) + [eos]
+    labels = encode_text(target, tokenizer, config, option="--target") + [eos]
     decoder_ids = [config.decoder_start_token_id] + labels[:-1]
     for name, ids in (("--source", source_ids), ("--target", decoder_ids)):
         check_fits_positions(name, ids, config)

@@ -232,13 +232,25 @@ def test_max_checkpoints_spreads_from_first_to_last():
                                   "nan-weight", "nan-checkpoint", "another-runs-history", "not-utf8-text",
                                   "interrupted-run", "interrupted-run-without-weights",
                                   "unrecorded-copy-and-another-run",
-                                  "copied-over-another-run"])
+                                  "copied-over-another-run", "a-checkpoint-as-the-model", "top-k-past-the-panel",
+                                  "empty-target"])
 def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, capsys):
     out = tmp_path / "out" / "page.html"
     argv = ["explore", "--model", str(causal_run), "--text", TEXT, "--out", str(out)]
     if case == "not-a-model":
         (tmp_path / "empty").mkdir()
         argv[2], expected = str(tmp_path / "empty"), "is not a model folder"
+    elif case == "a-checkpoint-as-the-model":  # said only "not a model folder (no config.json)"
+        argv[2] = str(causal_run / "checkpoint-30")
+        expected = f"is a training checkpoint (the state a run resumes from), not a model folder; pass its run's " \
+                   f"folder {causal_run}"
+    elif case == "empty-target":  # said "The text to inspect is empty" of a --text that was not
+        tiny_seq2seq().save_pretrained(tmp_path / "s2s")
+        argv[2], expected = str(tmp_path / "s2s"), "--target is empty; pass some words"
+        argv += ["--target", " "]
+    elif case == "top-k-past-the-panel":  # 100,000 wrote 12 MB for 253 positions of one model
+        argv += ["--top_k", "51"]
+        expected = "--top_k must be from 1 to 50"
     elif case == "run-without-checkpoints":
         (tmp_path / "no-checkpoints").mkdir()
         argv += ["--run", str(tmp_path / "no-checkpoints")]
@@ -261,7 +273,7 @@ def test_bad_input_is_one_line_exit_2_and_no_file(case, causal_run, tmp_path, ca
         out = tmp_path / "notes.txt" / "sub" / "page.html"
         argv[6], expected = str(out), f"{tmp_path / 'notes.txt'} is a file, not a folder; choose another --out"
     elif case == "empty-text":
-        argv[4], expected = "", "The text to inspect is empty"
+        argv[4], expected = "", "--text is empty; pass some words"
     elif case == "run-not-a-folder":
         argv += ["--run", str(tmp_path / "missing-run")]
         expected = "missing-run is not a folder"

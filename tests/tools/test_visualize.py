@@ -289,10 +289,20 @@ def test_a_token_holding_part_of_a_character_is_labelled_with_its_bytes_not_a_re
     tokenizer = train_bpe_tokenizer(["the cat sat on the mat\n"] * 50, vocab_size=300)
     ids = tokenizer("hé 😀 �", add_special_tokens=False)["input_ids"]  # é, the emoji and U+FFFD: no merges
     texts = [token_text(i, tokenizer) for i in ids]
-    assert "\ufffd" not in "".join(texts) and texts[-3:] == ["\\xef", "\\xbf", "\\xbd"]  # U+FFFD's own bytes
-    assert texts[:3] == ["h", "\\xc3", "\\xa9"] and ["\\xf0", "\\x9f", "\\x98", "\\x80"] == texts[4:8]
+    assert "\ufffd" not in "".join(texts) and texts[-3:] == ["<0xEF>", "<0xBF>", "<0xBD>"]  # U+FFFD's own bytes
+    assert texts[:3] == ["h", "<0xC3>", "<0xA9>"] and ["<0xF0>", "<0x9F>", "<0x98>", "<0x80>"] == texts[4:8]
     assert token_labels(ids[:3], tokenizer, tiny_config()) == texts[:3]
-    assert vocabulary(set(ids), tokenizer, tiny_config())[str(ids[1])] == "\\xc3"  # the explorer's page
+    assert vocabulary(set(ids), tokenizer, tiny_config())[str(ids[1])] == "<0xC3>"  # the page's, escaped by no one
+
+
+def test_control_characters_are_labelled_as_escapes_not_missing_glyphs():
+    """No font draws ESC or a tab: matplotlib warned and drew an empty box."""
+    from hf_minitx.data.tokenizer import train_bpe_tokenizer
+    from hf_minitx.tools.model_reading import token_labels
+
+    tokenizer = train_bpe_tokenizer(["the cat sat on the mat\n"] * 50, vocab_size=300)
+    ids = tokenizer("a\x1bb\tc\nd e", add_special_tokens=False)["input_ids"]
+    assert "".join(token_labels(ids, tokenizer, tiny_config())) == "a\\x1bb\\tc\\nd_e"
 
 
 def test_attention_of_a_text_longer_than_the_positions_is_refused_as_the_explorer_refuses_it():
