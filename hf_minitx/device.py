@@ -25,6 +25,18 @@ def _mps_available() -> bool:
     return bool(mps is not None and mps.is_available())
 
 
+THREADS_PER_CORE = 4  # past this, torch threads only wait for the cores (and a few thousand cannot be created)
+
+
+def check_thread_count(threads: int | None, option: str) -> None:
+    """Refuse a CPU thread count ``option`` below 1 or past THREADS_PER_CORE per core: libgomp fails to create
+    thousands (or dies in native code), and torch.set_num_threads overflows past a C int."""
+    most = THREADS_PER_CORE * (os.cpu_count() or 1)
+    if threads is not None and not 1 <= threads <= most:
+        raise ValueError(f"{option} must be from 1 to {most} ({THREADS_PER_CORE} per core of this machine's "
+                         f"{os.cpu_count()}), got {threads}; leave it out to use every core")
+
+
 def pick_device(requested: str | None = None) -> torch.device:
     """``requested`` ("cuda", "cuda:1", "mps", "cpu") or the best available: cuda, then mps, then cpu."""
     if requested in (None, "", "auto"):

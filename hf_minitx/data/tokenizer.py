@@ -225,20 +225,22 @@ class TokenizerArguments:
     overwrite: bool = field(default=False, metadata={
         "help": "replace a tokenizer folder minitx train-tokenizer made (refused otherwise)"})
     overwrite_any_folder: bool = field(default=False, metadata={
-        "help": "replace --output_dir even when minitx did not make it (deletes every file in it)"})
+        "help": "with --overwrite: replace --output_dir even when minitx did not make it (deletes every file in it)"})
 
 
-MAX_VOCAB_SIZE = 2**32  # tokenizers numbers its tokens with 32-bit ids
+MAX_VOCAB_SIZE = 2**20  # the BPE trainer sizes its tables for the whole vocabulary up front (a billion: 70 GB);
+# the largest published vocabularies hold about 262,000 tokens
 
 
 def check_vocab_size(vocab_size: int, option: str) -> None:
-    """A BPE's size ``option`` (a flag's name, for the message): the bytes and special tokens at least, and no
-    more tokens than an id can number (past 64 bits the trainer would fail with an overflow naming nothing)."""
+    """A BPE's size ``option`` (a flag's name, for the message): the bytes and special tokens at least, and at
+    most MAX_VOCAB_SIZE (past it the trainer's allocation ends the process in native code, naming nothing)."""
     if vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(f"{option} must be >= {MIN_VOCAB_SIZE} (256 bytes + {len(SPECIAL_TOKENS)} special "
                          f"tokens; more makes merges), got {vocab_size}")
     if vocab_size > MAX_VOCAB_SIZE:
-        raise ValueError(f"{option} must be at most {MAX_VOCAB_SIZE} (2**32: a token id is 32 bits), got {vocab_size}")
+        raise ValueError(f"{option} must be at most {MAX_VOCAB_SIZE:,} (the trainer allocates for every token up "
+                         f"front), got {vocab_size}")
 
 
 def check_tokenizer_arguments(args: TokenizerArguments) -> None:

@@ -185,8 +185,16 @@ class DemoArguments:
 def main(argv: Sequence[str] | None = None) -> int:
     """`minitx demo`: the whole demo, offline; exit status 1 if the translator misses its target."""
     from ..cli import parse_arguments
+    from ..folders import check_not_under_a_file, output_path
 
     (args,) = parse_arguments([DemoArguments], argv, prog="minitx demo", description=__doc__.split("\n\n")[0])
+    runs = output_path(args.runs_dir, option="--runs_dir")
+    if runs.exists() and not runs.is_dir():
+        raise NotADirectoryError(f"--runs_dir {runs} is a file, not a folder; choose another --runs_dir")
+    check_not_under_a_file(runs, option="--runs_dir")
     for name, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(name, value)
-    return run_demo(args.runs_dir)
+    try:
+        return run_demo(runs)
+    except subprocess.CalledProcessError as error:  # the step's command said why, in its own error line
+        return error.returncode

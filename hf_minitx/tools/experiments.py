@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from transformers.hf_argparser import string_to_bool
 
 from ..cli import Interrupted
+from ..device import check_thread_count
 from ..folders import check_output_folder, replace_folder, unlock_folder
 from ..launch import process_count
 from ..models.configuration_minitx import MiniTxConfig
@@ -41,6 +42,8 @@ TASKS = ("copy", "reverse")
 SCHEDULES = ("inverse_sqrt", "constant_with_warmup", "cosine", "linear", "warmup_stable_decay")
 FIRST_TOKEN = 4  # ids below are special: 0 pad, 1 bos, 2 eos, 3 kept free
 MAX_TOY_LENGTH = 512  # longest sequence of a toy task: room for any study, not for a run of hours
+MAX_TOY_SEQUENCES = 2**20  # training rows (steps x batch_size) or held-out ones: all are drawn up front, in memory
+MAX_TOY_PARAMETERS = 50_000_000  # a toy model trains on a CPU in minutes; past this it would fill memory first
 
 
 @dataclass
@@ -118,10 +121,21 @@ class ExperimentConfig:
         for name in ("learning_rate", "muon_learning_rate"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
+        for name, rows in (("steps x batch_size", self.steps * self.batch_size),
+                           ("eval_examples", self.eval_examples)):
+            if rows > MAX_TOY_SEQUENCES:
+                raise ValueError(f"{name} asks for {rows:,} sequences, more than a toy task draws "
+                                 f"({MAX_TOY_SEQUENCES:,}: they are made up front, in memory); lower it")
         try:
-            self.model_config()  # norm_position, position_embedding_type, the head split: checked by the model
+            config = self.model_config()  # norm_position, position_embedding_type, the head split: checked by it
         except (TypeError, ValueError) as err:
             raise ValueError(f"invalid model settings: {err}") from None
+        with torch.device("meta"):  # counted without memory
+            parameters = sum(p.numel() for p in MiniTxForConditionalGeneration(config).parameters())
+        if parameters > MAX_TOY_PARAMETERS:
+            raise ValueError(f"the model would have {parameters:,} parameters, more than a toy task trains "
+                             f"({MAX_TOY_PARAMETERS:,}); lower hidden_size, intermediate_size, num_layers or "
+                             "vocab_size")
 
     def optimizer_arguments(self) -> TrainArguments:
         """The run's optimizer and schedule as `minitx train` arguments (no weight decay, the paper's betas)."""
@@ -385,8 +399,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args, config = parse_arguments([ExperimentArguments, ExperimentConfig], argv, prog="minitx experiment",
                                    defaults=defaults, description=__doc__.split("\n\n")[0])
     config = replace(config, **nones)  # re-run the checks with the `none` values in place
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be 1 or more, got {args.threads}")
+    check_thread_count(args.threads, "--threads")
     if process_count() > 1:  # every process would claim the same folder and train alone
         raise ValueError("minitx experiment trains its toy models in one process: run it without accelerate launch "
                          "(--threads N uses more cores)")

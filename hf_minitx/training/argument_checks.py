@@ -4,12 +4,12 @@ refused with one clear error naming the option, before any work (``plan_run`` ca
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 from ..data.builtin import check_num_examples
 from ..data.corpus import corpus_task
 from ..data.tokenizer import check_vocab_size
+from ..device import check_thread_count
 from ..models import MiniTxConfig
 from .arguments import DataArguments, TrainArguments
 from .optim import check_optimizer_arguments
@@ -106,7 +106,6 @@ def check_training_arguments(train_args: TrainArguments) -> None:
     at_least = {  # None: the default; 0 for the *_steps: never
         "generation_eval_samples": (train_args.generation_eval_samples, 1),
         "generation_num_beams": (train_args.generation_num_beams, 1),
-        "num_threads": (train_args.num_threads, 1),
         "num_sample_generations": (train_args.num_sample_generations, 0),
         "eval_steps": (train_args.eval_steps, 0), "checkpointing_steps": (train_args.checkpointing_steps, 0),
         "warmup_steps": (train_args.warmup_steps, 0), "save_total_limit": (train_args.save_total_limit, 1),
@@ -114,9 +113,7 @@ def check_training_arguments(train_args: TrainArguments) -> None:
     for name, (value, least) in at_least.items():
         if value is not None and value < least:
             raise ValueError(f"--{name} must be >= {least}, got {value}")
-    if train_args.num_threads is not None and train_args.num_threads >= 2**31:  # torch.set_num_threads takes a C int
-        raise ValueError(f"--num_threads {train_args.num_threads} is more than torch can set (at most 2**31 - 1); "
-                         f"this machine has {os.cpu_count()} cores, and leaving it out uses them all")
+    check_thread_count(train_args.num_threads, "--num_threads")
     for name in ("eval_steps", "checkpointing_steps"):
         value = getattr(train_args, name)
         if value is not None and value > 1 and not float(value).is_integer():

@@ -147,8 +147,8 @@ class TrainArguments:
                                          "refusing to start."}
     )
     overwrite_any_folder: bool = field(
-        default=False, metadata={"help": "Replace output_dir even when minitx did not make it (deletes every file "
-                                         "in it)."}
+        default=False, metadata={"help": "With --overwrite_output_dir: replace output_dir even when minitx did not "
+                                         "make it (deletes every file in it)."}
     )
     resume_from_checkpoint: str | None = field(
         default=None, metadata={"help": "'latest' or the path of a checkpoint-STEP folder to continue from."}

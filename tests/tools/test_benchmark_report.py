@@ -159,6 +159,24 @@ def test_the_command_rewrites_the_page_and_the_readme_and_writes_neither_when_on
         read_result(tmp_path / "list.json")
 
 
+@pytest.mark.parametrize("edit", [{"machine": "x"}, {"machine": {}}, {"shape": None}, {"workloads": None}])
+def test_a_result_edited_by_hand_is_refused_in_one_line_and_nothing_is_written(tmp_path, edit):
+    """A field of the wrong kind ended in a traceback, a missing one in `error: cpu`."""
+    data = tmp_path / "bench.json"
+    data.write_text(json.dumps({**results(), **edit}))
+    page, readme = tmp_path / "page.md", tmp_path / "README.md"
+    for path, block in ((page, PAGE_BLOCK), (readme, HEADLINE_BLOCK)):
+        path.write_text(f"<!-- minitx benchmark-report: {block} begin -->\n"
+                        f"<!-- minitx benchmark-report: {block} end -->\n")
+    before = page.read_text(), readme.read_text()
+    with pytest.raises(ValueError, match="a field is missing or of the wrong kind .*minitx benchmark --json FILE"):
+        report.main(["--json", str(data), "--results_page", str(page), "--readme", str(readme)])
+    assert (page.read_text(), readme.read_text()) == before
+    data.write_text(json.dumps(results()))
+    with pytest.raises(IsADirectoryError, match="is a folder; pass the Markdown file"):  # said "no such file"
+        report.main(["--json", str(data), "--results_page", str(tmp_path), "--readme", str(readme)])
+
+
 def test_the_committed_page_and_readme_headline_are_what_the_committed_json_renders():
     results = read_results([COMMITTED_RESULTS])
     assert results, "docs/benchmark/ holds the benchmark JSON the docs are rendered from"

@@ -70,6 +70,10 @@ def test_inverse_sqrt_schedule_warms_up_then_decays():
     ({"steps": 0}, "steps"), ({"warmup_steps": -1}, "warmup_steps must be 0 \\(none\\) or more"),
     ({"initializer_range": 0.0}, "initializer_range"), ({"max_length": 100_000}, "max_length must be at most 512"),
     ({"stop_at_exact_match": 150.0}, "a percentage in \\(0, 100\\]"),
+    # drawn up front or allocated: these filled memory, then ended in a traceback
+    ({"steps": 10**17}, "steps x batch_size asks for"), ({"eval_examples": 10**8}, "eval_examples asks for"),
+    ({"vocab_size": 10**11}, "parameters, more than a toy task trains"),
+    ({"hidden_size": 16384, "num_heads": 1}, "parameters, more than a toy task trains"),
 ])
 def test_bad_settings_are_explained(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -152,7 +156,8 @@ def test_cli_overrides_and_compare(tmp_path, capsys):
     for argv, said in ((["--compare", "hidden_size", "32", "abc"], r"hidden_size: values must be whole numbers, got "
                                                                    r"\['32', 'abc'\]"),
                        (["--compare", "max_grad_norm", "1", "x"], "max_grad_norm: values must be numbers or none"),
-                       (["--threads", "0"], "--threads must be 1 or more")):
+                       (["--threads", "0"], "--threads must be from 1 to"),
+                       (["--threads", "99999"], "--threads must be from 1 to")):  # a segfault in libgomp
         with pytest.raises(ValueError, match=said):
             cli.main([*argv, "--output_dir", str(tmp_path / "refused")])
     assert not (tmp_path / "refused").exists()

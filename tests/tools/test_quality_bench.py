@@ -125,7 +125,7 @@ def test_the_command_passes_the_shared_shape(monkeypatch):
     (QualitySettings(seconds=math.nan), "--quality_seconds must be a finite number > 0, got nan"),
     (QualitySettings(seconds=math.inf), "--quality_seconds must be a finite number > 0, got inf"),
     (QualitySettings(hidden=30, heads=4), "divisible by heads"),
-    (QualitySettings(threads=0), "--quality_threads must be >= 1"),
+    (QualitySettings(threads=0), "--quality_threads must be from 1 to"),
     (QualitySettings(ours_args="--no_such_flag 1"), "--quality_ours_args"),
 ])
 def test_bad_quality_settings_are_refused_before_work(settings, message):

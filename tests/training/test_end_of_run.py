@@ -553,7 +553,7 @@ def test_a_foreign_checkpoint_of_another_vocabulary_is_named(two_steps, text_fil
     (["--weight_decay", "-1"], "--weight_decay must be >= 0"),
     (["--seed", "-5"], "--seed must be a whole number from 0 to 4294967295"),  # numpy would say it in its words
     (["--seed", str(2**64)], "--seed must be a whole number from 0 to 4294967295"),
-    (["--num_threads", str(2**40)], "--num_threads 1099511627776 is more than torch can set"),
+    (["--num_threads", str(2**40)], "--num_threads must be from 1 to"),  # overflowed in torch
     (["--config_overrides", "return_dict=false"], "'return_dict' is how transformers runs or files a model"),
     # the window is gathered whole before its backward: a huge one filled memory instead of training
     (["--gradient_accumulation_steps", str(10**6)], f"asks one optimizer step to read {10**6} batches"),

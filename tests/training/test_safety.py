@@ -332,7 +332,7 @@ def test_overwrite_refuses_a_folder_holding_the_runs_own_inputs(tmp_path, text_f
     (["--tokenizer_max_texts", "0"], "--tokenizer_max_texts must be >= 1"),
     (["--tokenizer_max_chars", "-5"], "--tokenizer_max_chars must be >= 1"),
     (["--tokenizer_vocab_size", "100"], "--tokenizer_vocab_size must be >= 260"),
-    (["--tokenizer_vocab_size", str(2**40)], "--tokenizer_vocab_size must be at most 4294967296"),
+    (["--tokenizer_vocab_size", str(2**40)], "--tokenizer_vocab_size must be at most 1,048,576"),
     (["--per_device_eval_batch_size", str(10**22)], "past what a 64-bit count holds"),  # failed at the first eval
     (["--eval_steps", "-1"], "--eval_steps must be >= 0"),
     (["--block_size", "1"], "--block_size must be >= 2"),
@@ -365,7 +365,7 @@ def test_bad_counts_are_refused_before_any_work(tmp_path, text_file, capsys, ext
     (["--max_texts", "-3"], "--max_texts must be >= 1"),
     (["--min_frequency", "-1"], "--min_frequency must be >= 0"),
     (["--vocab_size", "259"], "--vocab_size must be >= 260"),
-    (["--vocab_size", str(2**40)], "--vocab_size must be at most 4294967296 (2**32: a token id is 32 bits)"),
+    (["--vocab_size", str(10**9)], "--vocab_size must be at most 1,048,576 (the trainer allocates for every token"),
     (["--vocab_size", str(10**22)], f"--vocab_size {10**22} is past what a 64-bit count holds"),
 ])
 def test_train_tokenizer_refuses_bad_counts(tmp_path, text_file, capsys, extra, message):  # noqa: F811

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ...device import check_thread_count
 from ...folders import check_not_under_a_file, write_file
 
 QUALITY_CORPORA = ("builtin:kjv", "builtin:pydocs")
@@ -48,8 +49,7 @@ class QualitySettings:
             raise ValueError(f"--quality_seconds must be a finite number > 0, got {self.seconds}")
         if self.hidden % self.heads:
             raise ValueError(f"quality: hidden ({self.hidden}) must be divisible by heads ({self.heads})")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"--quality_threads must be >= 1, got {self.threads}")
+        check_thread_count(self.threads, "--quality_threads")
         controls = changed_controls(self)
         if controls:
             raise ValueError(f"--quality_ours_args may not set {', '.join(controls)}: the comparison sets them "

@@ -246,10 +246,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     (args,) = parse_arguments([ReportArguments], argv, prog="minitx benchmark-report", description=(
         "Render docs/benchmark-results.md's tables and README.md's headline from `minitx benchmark --json`."))
     results = read_results(args.json)
-    updates = [(Path(args.results_page), PAGE_BLOCK, render_pages(results)),
-               (Path(args.readme), HEADLINE_BLOCK, render_headline(results))]
+    try:
+        updates = [(Path(args.results_page), PAGE_BLOCK, render_pages(results)),
+                   (Path(args.readme), HEADLINE_BLOCK, render_headline(results))]
+    except (KeyError, TypeError, AttributeError, IndexError) as error:  # a file edited by hand, or another tool's
+        raise ValueError(f"--json {' '.join(args.json)}: a field is missing or of the wrong kind "
+                         f"({type(error).__name__}: {error}); write the results again with `minitx benchmark --json "
+                         "FILE`") from None
     new_texts = {}
     for path, block, body in updates:  # every file checked before any is written
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a folder; pass the Markdown file to rewrite")
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file; run from the checkout's root or pass --results_page / "
                                     "--readme")

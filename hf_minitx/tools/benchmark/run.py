@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ...cli import EXIT_INTERRUPTED, Interrupted
-from ...device import pick_device
+from ...device import check_thread_count, pick_device
 from ...folders import WRITTEN_BY, check_output_file, write_file
 from .data_prep import format_data_prep, run_data_prep
 from .memory import measure_memory
@@ -188,8 +188,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # --threads sets torch's own pool
     (args,) = parse_arguments([BenchmarkArguments], argv, prog="minitx benchmark", description=(
         "Benchmark hf_minitx against GPT-2, BART and torch.nn.Transformer, side by side in one process."))
-    if args.threads < 1:
-        raise ValueError("--threads must be >= 1")
+    check_thread_count(args.threads, "--threads")
     unknown = sorted(set(args.workloads) - set(WORKLOADS))
     if unknown:
         raise ValueError(f"--workloads {unknown} unknown; choose among {', '.join(WORKLOADS)}")
