@@ -116,6 +116,19 @@ def check_word_sized(args: Any) -> None:
             raise ValueError(f"--{name} {value} is past what a 64-bit count holds (at most {sys.maxsize})")
 
 
+def check_at_least(values: dict[str, float | None], least: float, *, hint: str = "") -> None:
+    """Refuse the first option of ``values`` (name -> value as parsed; None: left out) below ``least``, naming it."""
+    for name, value in values.items():
+        if value is not None and value < least:
+            raise ValueError(f"--{name} must be >= {least}{hint}, got {value}")
+
+
+def check_fraction(name: str, value: float, *, hint: str = "") -> None:
+    """Refuse an option outside [0, 1): a probability, a share or a rate that must leave something."""
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"--{name} must be in [0, 1){hint}, got {value}")
+
+
 SEED_LIMIT = 2**32  # numpy's and the tokenizer trainer's seeds are unsigned 32-bit
 
 

@@ -30,6 +30,7 @@ from .data.tokenizer import checked_texts, load_tokenizer
 from .device import pick_device, pick_dtype, random_state_kept
 from .folders import read_marker
 from .model_files import WEIGHTS_FILE, read_folder_config, read_safetensors_header
+from .models.positions_minitx import room_for_new_tokens
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # The one wording of a model whose outputs overflow (finite weights, NaN or inf logits): generate and explore use it.
@@ -180,14 +181,6 @@ def check_generation_arguments(kwargs: dict[str, Any]) -> None:
         raise ValueError(f"max_new_tokens must be >= 1, got {kwargs['max_new_tokens']}")
 
 
-def room_for_new_tokens(model: PreTrainedModel, used: int) -> int | None:
-    """How many new tokens fit after `used` decoder positions (None: rotary positions have no table). The last
-    new token is never fed back, so it needs no position: the sequence may be one longer than the table, as
-    `generate()`'s own check (`positions_minitx.check_generation_fits`) allows."""
-    config = model.config
-    return config.max_position_embeddings + 1 - used if config.position_table else None
-
-
 def check_fits_positions(model: PreTrainedModel, used: int, max_new_tokens: int | None, *,
                          refuse_past_training: bool = False) -> None:
     """Refuse a generation that would run past the model's positions; say how many new tokens fit.
@@ -199,7 +192,7 @@ def check_fits_positions(model: PreTrainedModel, used: int, max_new_tokens: int 
     """
     new = max_new_tokens or model.generation_config.max_new_tokens or 0
     config, limit = model.config, model.config.max_position_embeddings
-    fit = room_for_new_tokens(model, used)
+    fit = room_for_new_tokens(config, used)
     if fit is None:
         if used + new <= limit + 1:
             return

@@ -387,8 +387,9 @@ class Seq2SeqCollator:
     """Pad a list of seq2seq rows into tensors, always on the right.
 
     ``input_ids`` are padded with the pad id, ``attention_mask`` with 0 and ``labels`` with IGNORE_INDEX
-    (ignored by the loss). The tokenizer's own ``padding_side`` ("left", for generation) is ignored
-    on purpose: labels must be right-padded so that the shifted decoder inputs stay aligned.
+    (ignored by the loss). The tokenizer's own ``padding_side`` (a decoder-only model's tokenizer
+    pads on the left, for generation) is ignored on purpose: labels must be right-padded so that the shifted decoder
+    inputs stay aligned.
     """
 
     def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None) -> None:

@@ -23,6 +23,7 @@ from typing import Literal
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from ..cli import check_at_least
 from ..folders import output_folder, write_folder, write_marker
 from .builtin import check_num_examples
 
@@ -65,8 +66,12 @@ def train_bpe_tokenizer(
     add_bos_token: bool = False,
     add_eos_token: bool = False,
     show_progress: bool = False,
+    padding_side: Literal["left", "right"] = "left",
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on ``texts`` and return it as a transformers fast tokenizer.
+
+    ``padding_side``: "left" for a decoder-only model (a batch of prompts generates from their ends), "right" for
+    an encoder-decoder one, as BART's: transformers' `DataCollatorForSeq2Seq` pads the labels on this side too.
 
     ``texts`` is consumed once, lazily: pass an iterator over a sample of a large corpus to keep
     memory bounded. The 256 byte symbols are always in the vocabulary, so any Unicode text
@@ -104,7 +109,7 @@ def train_bpe_tokenizer(
         add_bos_token=add_bos_token,
         add_eos_token=add_eos_token,
         model_max_length=model_max_length,
-        padding_side="left",
+        padding_side=padding_side,
         clean_up_tokenization_spaces=False,
         **AS_TEXT,
     )
@@ -248,10 +253,8 @@ def check_tokenizer_arguments(args: TokenizerArguments) -> None:
     check_vocab_size(args.vocab_size, "--vocab_size")
     if args.min_frequency < 0:
         raise ValueError(f"--min_frequency must be >= 0 (the pair count a merge needs), got {args.min_frequency}")
-    for name in ("max_texts", "num_examples", "model_max_length"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be >= 1 (or left out for the default), got {value}")
+    check_at_least({name: getattr(args, name) for name in ("max_texts", "num_examples", "model_max_length")}, 1,
+                   hint=" (or left out for the default)")
     check_num_examples(args.dataset, args.num_examples)
 
 
@@ -283,6 +286,7 @@ def _train_and_save(args: TokenizerArguments, output_dir: Path) -> str:
         iter_training_texts(corpus["train"], max_texts=args.max_texts, seed=args.seed),
         args.vocab_size, min_frequency=args.min_frequency, model_max_length=args.model_max_length,
         add_eos_token=task == "seq2seq",  # seq2seq sources end with EOS, as training encodes them
+        padding_side="right" if task == "seq2seq" else "left",
     )
     write_folder(output_dir, lambda folder: _save_marked(tokenizer, folder))
     return (f"trained a {len(tokenizer)}-token BPE on {args.dataset} ({task}) in {time.perf_counter() - start:.1f}s; "

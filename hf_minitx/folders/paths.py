@@ -11,8 +11,9 @@ from typing import Any
 RUN_MARKER = ".minitx-run.json"
 LOCK_FILE = ".minitx-lock"  # held (flock) by the process writing the folder; JSON: pid, host, command
 PARTIAL_SUFFIX = ".partial"  # hidden siblings being written: `.NAME.partial-<pid>`
+SUMMARY_FILE = "training_summary.json"  # written last by a finished run: its data, recipe and figures
 # the records only a training run writes (weights alone are any model's: a Hub download holds them too)
-RUN_FILES = ("metrics.jsonl", "training_summary.json")
+RUN_FILES = ("metrics.jsonl", SUMMARY_FILE)
 
 
 class FolderRefused(FileExistsError, ValueError):
@@ -83,12 +84,24 @@ def describe_contents(folder: Path, limit: int = 5) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def read_marker(folder: Path) -> dict[str, Any] | None:
-    """The run marker of a folder a command made (None when there is none or it cannot be read)."""
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None where the file is missing, unreadable or holds something else, for the
+    records minitx reads back as a hint (a hand-edited or half-copied one is treated as absent, never a traceback)."""
     try:
-        return json.loads((folder / RUN_MARKER).read_text())
+        value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return value if isinstance(value, dict) else None
+
+
+def read_marker(folder: Path) -> dict[str, Any] | None:
+    """The run marker of a folder a command made (None when there is none or it cannot be read)."""
+    return read_json_object(folder / RUN_MARKER)
+
+
+def read_summary(folder: Path) -> dict[str, Any] | None:
+    """A finished run's training_summary.json (None when there is none or it cannot be read)."""
+    return read_json_object(folder / SUMMARY_FILE)
 
 
 def holds_run_files(folder: Path) -> bool:

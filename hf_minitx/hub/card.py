@@ -16,10 +16,17 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import eval_results_to_model_index, model_index_to_eval_results
 
-from ..folders import write_file
+from ..folders import SUMMARY_FILE, write_file
 from ..models.configuration_minitx import EXTRA_PIECES, NORM_TYPES, POSITION_KINDS, PositionKind
 from .card_training import human, sanitize, training_rows
-from .folder import AUTO_CLASSES, ModelFolderError, count_parameters, read_safetensors_header
+from .folder import (
+    AUTO_CLASSES,
+    WEIGHTS_FILE,
+    WEIGHTS_INDEX_FILE,
+    ModelFolderError,
+    count_parameters,
+    read_safetensors_header,
+)
 
 TEMPLATE_NAME = "model_card.md"
 CARD_FILE = "README.md"
@@ -56,15 +63,19 @@ def _read_json(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as error:
         raise ModelFolderError(f"{path} is not valid JSON ({error}).") from None
+    if not isinstance(value, dict):
+        raise ModelFolderError(f"{path} holds a JSON {type(value).__name__}, not the object minitx writes; "
+                               "remove it or train the model again.")
+    return value
 
 
-def _count_parameters(folder: Path, config: dict) -> int | None:
+def _count_parameters(folder: Path) -> int | None:
     """Parameter count from the safetensors header(s); None when there are no readable weights."""
-    index = _read_json(folder / "model.safetensors.index.json")
-    shards = sorted(set(index["weight_map"].values())) if index else ["model.safetensors"]
+    index = _read_json(folder / WEIGHTS_INDEX_FILE)
+    shards = sorted(set(index["weight_map"].values())) if index else [WEIGHTS_FILE]
     total = 0
     for shard in shards:
         if not (folder / shard).is_file():
@@ -197,7 +208,8 @@ def _tokenizer_description(folder: Path, config: dict) -> str:
         text += f" Special tokens: {specials}."
     extras = []
     if settings.get("padding_side"):
-        extras.append(f"pads on the {settings['padding_side']} (what batched generation needs)")
+        why = "what batched generation needs" if settings["padding_side"] == "left" else "as labels are padded"
+        extras.append(f"pads on the {settings['padding_side']} ({why})")
     if byte_level:
         extras.append("any Unicode text round-trips through it, with no unknown tokens")
     if extras:
@@ -249,9 +261,9 @@ def render_model_card(
     if config is None:
         raise ModelFolderError(f"{folder / 'config.json'} is missing; save the model into {folder} first.")
     kind = "seq2seq" if config.get("is_encoder_decoder") else "causal-lm"
-    summary = _read_json(folder / "training_summary.json")
+    summary = _read_json(folder / SUMMARY_FILE)
     if summary is not None and summary.get("task") not in (None, kind):
-        raise ModelFolderError(f"{folder / 'training_summary.json'} says task={summary.get('task')!r} but "
+        raise ModelFolderError(f"{folder / SUMMARY_FILE} says task={summary.get('task')!r} but "
                                f"config.json describes a {kind} model.")
     name = repo_id.split("/")[-1] if repo_id else name or folder.resolve().name
     metrics = _finite_metrics(summary)
@@ -281,7 +293,7 @@ def render_model_card(
         model_title=name,
         kind_phrase="a decoder-only language model" if kind == "causal-lm" else "an encoder-decoder (seq2seq) model",
         task_sentence=task_sentence,
-        architecture_rows=_architecture_rows(config, kind, _count_parameters(folder, config)),
+        architecture_rows=_architecture_rows(config, kind, _count_parameters(folder)),
         has_summary=summary is not None,
         dataset_label=f"`{dataset}`",
         dataset_config=(summary or {}).get("dataset_config"),

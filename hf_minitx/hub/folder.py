@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..folders import SUMMARY_FILE
 from ..model_files import (
     WEIGHTS_FILE,
     ModelFolderError,
@@ -57,7 +58,8 @@ def _load_json(path: Path, problems: list[str]) -> dict | None:
         problems.append(f"{path.name}: not valid JSON ({error}); save the folder again with save_pretrained.")
         return None
     if not isinstance(data, dict):
-        problems.append(f"{path.name}: expected a JSON object, found {type(data).__name__}.")
+        problems.append(f"{path.name}: expected a JSON object, found a {type(data).__name__}; put back the file "
+                        "minitx or save_pretrained wrote.")
         return None
     return data
 
@@ -183,6 +185,7 @@ def verify_model_folder(model_dir: str | Path, kind: str | None = None) -> Model
     code = _code_files(folder, config, problems) if config else ()
     weights, num_parameters = _check_weights(folder, config, found_kind, problems) if config else ((), 0)
     tokenizer = _check_tokenizer(folder, config, problems)
+    _load_json(folder / SUMMARY_FILE, problems)  # the card reads it: a hand-edited one is named in the user's folder
     has_weights = (folder / WEIGHTS_FILE).is_file() or (folder / WEIGHTS_INDEX_FILE).is_file()
     if config is None and not has_weights:  # weights were not checked without a config: still say so
         problems.append(f"{WEIGHTS_FILE}: missing, so there are no weights to load.")

@@ -25,21 +25,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..folders import (
+    SUMMARY_FILE,
     WRITE_ERRNOS,
     check_not_locked,
     html_written_by_us,
     output_folder,
+    read_summary,
     weights_digest,
     write_advice,
     write_errno,
     write_folder,
 )
-from .card import EXPLORER_FILE, check_model_card, render_model_card, write_model_card
+from .card import CARD_FILE, EXPLORER_FILE, check_model_card, render_model_card, write_model_card
 from .folder import ModelFolderError, ModelFolderInfo, verify_model_folder
 
 # Training records shared alongside the model when the folder has them.
-RECORD_FILES = ("training_summary.json", "metrics.jsonl", "loss_curve.png")
-CARD_FILE = "README.md"
+RECORD_FILES = (SUMMARY_FILE, "metrics.jsonl", "loss_curve.png")
 RESULT_PREFIX = "REMOTE_LOAD_RESULT "
 
 
@@ -153,11 +154,7 @@ def stage_for_upload(
 
 def _summary(folder: Path) -> dict:
     """A folder's training_summary.json, or {} where it has none that reads as one."""
-    try:
-        summary = json.loads((folder / "training_summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return summary if isinstance(summary, dict) else {}
+    return read_summary(folder) or {}
 
 
 def check_run_finished(model_dir: Path) -> None:
@@ -216,11 +213,9 @@ def _stage(info: ModelFolderInfo, staging: Path, *, repo_id: str | None, license
 
 def _default_prompt(folder: Path) -> str:
     """A prompt for the smoke generation: the first recorded sample prompt, else a neutral phrase."""
-    summary_path = folder / "training_summary.json"
-    if summary_path.is_file():
-        samples = json.loads(summary_path.read_text(encoding="utf-8")).get("sample_generations") or []
-        if samples and isinstance(samples[0], dict) and samples[0].get("prompt"):
-            return str(samples[0]["prompt"])
+    samples = _summary(folder).get("sample_generations") or []
+    if isinstance(samples, list) and samples and isinstance(samples[0], dict) and samples[0].get("prompt"):
+        return str(samples[0]["prompt"])
     return "The"
 
 

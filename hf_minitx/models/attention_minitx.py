@@ -47,7 +47,7 @@ def repeat_kv(states: torch.Tensor, n_rep: int) -> torch.Tensor:
     if n_rep == 1:
         return states
     batch, kv_heads, seq, head_dim = states.shape
-    states = states[:, :, None].expand(batch, kv_heads, n_rep, seq, head_dim)
+    states = states[:, :, None].expand(batch, kv_heads, n_rep, seq, head_dim)  # a view: no copy yet
     return states.reshape(batch, kv_heads * n_rep, seq, head_dim)  # (batch, heads, seq, head_dim)
 
 

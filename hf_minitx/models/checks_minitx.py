@@ -168,9 +168,6 @@ def check_model_kind(config: MiniTxConfig, want_encoder_decoder: bool) -> None:
                          f"load it with {use}.")
 
 
-__all__ = ["check_inputs", "check_labels", "check_lengths", "check_model_kind", "encoder_padding"]
-
-
 def resolve_output_flags(
     config: MiniTxConfig, output_attentions: bool | None, output_hidden_states: bool | None, return_dict: bool | None
 ) -> tuple[bool, bool, bool]:
@@ -189,3 +186,8 @@ def resolve_output_flags(
         config.output_hidden_states if output_hidden_states is None else output_hidden_states,
         config.return_dict if return_dict is None else return_dict,
     )
+
+
+__all__ = [
+    "check_inputs", "check_labels", "check_lengths", "check_model_kind", "encoder_padding", "resolve_output_flags",
+]

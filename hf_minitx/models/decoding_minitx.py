@@ -64,13 +64,24 @@ class GenerationWeight(NamedTuple):
     scale: torch.Tensor | None = None
 
 
-def decode_layout_applies(linear: nn.Module) -> bool:
-    """Whether `generation_weight` may copy `linear`: a plain `nn.Linear` without hooks (PEFT and accelerate wrap
-    theirs) whose weight is a dense tensor. A quantized weight (a tensor subclass, as torchao's int8) keeps its own
-    call: copying it would expand it back to full precision or fail."""
+def _plain_linear(linear: nn.Module) -> bool:
+    """An `nn.Linear` whose call is its own: no hooks (PEFT and accelerate wrap theirs), no replaced forward."""
     return (type(linear) is nn.Linear and not linear._forward_hooks and not linear._forward_pre_hooks
-            and "forward" not in vars(linear)  # accelerate's hooks replace the instance's forward
-            and type(linear.weight) is nn.Parameter and type(linear.weight.data) is torch.Tensor)
+            and "forward" not in vars(linear))  # accelerate's hooks replace the instance's forward
+
+
+def _joined_bias(linears: tuple[nn.Module, ...]) -> torch.Tensor | None:
+    """The biases of `linears`, concatenated as their outputs are (None: they have none)."""
+    if linears[0].bias is None:
+        return None
+    return torch.cat([p.bias.detach() for p in linears]) if len(linears) > 1 else linears[0].bias.detach()
+
+
+def decode_layout_applies(linear: nn.Module) -> bool:
+    """Whether `generation_weight` may copy `linear`: a plain `nn.Linear` whose weight is a dense tensor. A
+    quantized weight (a tensor subclass, as torchao's int8) keeps its own call: copying it would expand it back to
+    full precision or fail."""
+    return _plain_linear(linear) and type(linear.weight) is nn.Parameter and type(linear.weight.data) is torch.Tensor
 
 
 def generation_weight(linears: tuple[nn.Linear, ...], parts: int = 1, dense: bool = True) -> GenerationWeight | None:
@@ -91,14 +102,11 @@ def generation_weight(linears: tuple[nn.Linear, ...], parts: int = 1, dense: boo
         return None
     weights = [p.weight.detach() for p in linears]
     weight = torch.cat(weights) if len(weights) > 1 else weights[0]  # (out, in)
-    bias = None
-    if linears[0].bias is not None:
-        bias = torch.cat([p.bias.detach() for p in linears]) if len(linears) > 1 else linears[0].bias.detach()
     by_input = None
     if weight.device.type == "cpu" and weight.shape[0] >= weight.shape[1]:
         parts = parts if parts > 1 and weight.shape[0] % parts == 0 else 1
         by_input = weight.t().reshape(weight.shape[1], parts, -1).transpose(0, 1).contiguous()  # (parts, in, out/parts)
-    return GenerationWeight(weight, bias, by_input)
+    return GenerationWeight(weight, _joined_bias(linears), by_input)
 
 
 INT8_KERNEL_INPUT_MULTIPLE = 16  # torch 2.13's AVX-512 `_weight_int8pack_mm` crashes or errs on other widths
@@ -111,9 +119,9 @@ def int8_rows(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
     time and crashes (or gives wrong values) on the rest, so such a weight keeps torchao's own call."""
     weight = getattr(linear, "weight", None)
     values, scale = getattr(weight, "qdata", None), getattr(weight, "scale", None)
-    if (type(linear) is not nn.Linear or linear._forward_hooks or linear._forward_pre_hooks or "forward" in vars(linear)
-            or not isinstance(values, torch.Tensor) or values.dtype != torch.int8 or values.dim() != 2
-            or values.device.type != "cpu" or not isinstance(scale, torch.Tensor) or scale.numel() != values.shape[0]
+    if (not _plain_linear(linear) or not isinstance(values, torch.Tensor) or values.dtype != torch.int8
+            or values.dim() != 2 or values.device.type != "cpu"
+            or not isinstance(scale, torch.Tensor) or scale.numel() != values.shape[0]
             or values.shape[1] % INT8_KERNEL_INPUT_MULTIPLE or not hasattr(torch, "_weight_int8pack_mm")):
         return None
     zero_point = getattr(weight, "zero_point", None)
@@ -121,7 +129,7 @@ def int8_rows(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
             or list(getattr(weight, "block_size", ())) != [1, values.shape[1]]
             or (zero_point is not None and bool(zero_point.any()))):
         return None  # activations quantized too, pre-scaled, per group, or asymmetric: torchao's own call
-    return values, scale.reshape(-1)
+    return values, scale.reshape(-1)  # one scale per output row, (out, 1) or (out,) -> (out,)
 
 
 def int8_generation_weight(linears: tuple[nn.Module, ...]) -> GenerationWeight | None:
@@ -138,10 +146,7 @@ def int8_generation_weight(linears: tuple[nn.Module, ...]) -> GenerationWeight |
         return None
     values = torch.cat([v for v, _ in rows]) if len(rows) > 1 else rows[0][0].contiguous()  # (out, in) int8
     scale = torch.cat([s for _, s in rows]).to(torch.bfloat16)  # (out,)
-    bias = None
-    if linears[0].bias is not None:
-        bias = torch.cat([p.bias.detach() for p in linears]) if len(linears) > 1 else linears[0].bias.detach()
-    return GenerationWeight(values, bias, None, scale)
+    return GenerationWeight(values, _joined_bias(linears), None, scale)
 
 
 def project_with(copy: GenerationWeight, states: torch.Tensor) -> torch.Tensor:
@@ -167,7 +172,7 @@ def project_with(copy: GenerationWeight, states: torch.Tensor) -> torch.Tensor:
             out = flat @ copy.by_input[0] if copy.bias is None else torch.addmm(copy.bias, flat, copy.by_input[0])
         else:
             row = flat.expand(parts, 1, flat.shape[-1])  # (parts, 1, in)
-            bias = None if copy.bias is None else copy.bias.view(parts, 1, -1)
+            bias = None if copy.bias is None else copy.bias.view(parts, 1, -1)  # (out,) -> (parts, 1, out/parts)
             out = torch.bmm(row, copy.by_input) if bias is None else torch.baddbmm(bias, row, copy.by_input)
             out = out.view(1, -1)  # (parts, 1, out/parts) -> (1, out): the parts in order
     elif copy.bias is None:

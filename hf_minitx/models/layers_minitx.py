@@ -66,6 +66,7 @@ class RMSNormFunction(torch.autograd.Function):
             projection = (grad_normalised * normalised).mean(-1, keepdim=True)  # (..., 1)
             grad_input = ((grad_normalised - normalised * projection) * inverse_rms).to(grad_output.dtype)
         if ctx.needs_input_grad[1]:
+            # (..., size) -> (rows, size), summed over every row into the (size,) weight's gradient
             grad_weight = (grad * normalised).reshape(-1, normalised.size(-1)).sum(0).to(weight.dtype)
         return grad_input, grad_weight, None
 

@@ -61,7 +61,9 @@ class MiniTxLMHeadMixin:
         self.lm_head = value
 
     def generate(self, *args, **kwargs):
-        """transformers' `generate()`, after checking `num_beams` (0 beams otherwise fails deep inside it).
+        """transformers' `generate()`, after checking `num_beams` (0 beams otherwise fails deep inside it). An asked
+        `max_length` without `max_new_tokens` bounds the call, as with a stock model, over the `max_new_tokens` a
+        trained folder's generation_config.json holds (transformers would keep that one and warn).
 
         It runs in the decode layout (`decoding_minitx.generate_in_decode_layout`): the decoder reads its weights
         as decoding reads them fastest, the dynamic cache grows in place and remembers the prompt's padding for
@@ -72,6 +74,8 @@ class MiniTxLMHeadMixin:
         if beams is not None and (not isinstance(beams, int) or isinstance(beams, bool) or beams < 1):
             raise ValueError(f"generate(num_beams={beams!r}): num_beams must be an integer >= 1 "
                              "(1 = greedy or sampling, more = beam search).")
+        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs and config is self.generation_config:
+            kwargs["max_new_tokens"] = None
         return generate_in_decode_layout(self, partial(super().generate, *args, **kwargs), config, kwargs)
 
     def _validate_generated_length(self, generation_config, input_ids_length: int, has_default_max_length: bool):

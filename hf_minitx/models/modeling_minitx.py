@@ -12,7 +12,6 @@ The input checks are in `checks_minitx.py`; what both heads share (logits, loss,
 `lm_head_minitx.py`.
 """
 
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -119,7 +118,7 @@ class MiniTxStack(nn.Module):
     """Embeddings + positions + N encoder or decoder layers (+ a final LayerNorm with pre-LN).
 
     The token embedding lives in the first stack that reads token ids: the decoder of a decoder-only model,
-    the encoder of a seq2seq model (whose decoder embeds its ids with it: `MiniTxModel` passes it as `embed`).
+    the encoder of a seq2seq model (whose decoder embeds its ids with it: `MiniTxModel` points its `embed` there).
     """
 
     def __init__(self, config: MiniTxConfig, is_decoder: bool):
@@ -207,13 +206,12 @@ class MiniTxStack(nn.Module):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        embed: Callable[[torch.LongTensor], torch.Tensor] | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
         """Run the stack on ids (batch, seq) or embeddings (batch, seq, hidden); returns per-position states.
 
-        Checks the inputs (`input_padding`), embeds the ids (with `embed` where the stack has no embedding of
-        its own: a seq2seq decoder reads the encoder's), adds positions, then runs the layers.
+        Checks the inputs (`input_padding`), embeds the ids (`embed`: a seq2seq decoder's reads the encoder's table),
+        adds positions, then runs the layers.
         Unset output flags come from the config; `return_dict=False` returns `output.to_tuple()`.
         """
         output_attentions, output_hidden_states, return_dict = resolve_output_flags(
@@ -223,7 +221,7 @@ class MiniTxStack(nn.Module):
         self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         padding = self.input_padding(input_ids, attention_mask, inputs_embeds, encoder_attention_mask, self_cache)
         if inputs_embeds is None:
-            inputs_embeds = (embed or self.embed)(input_ids)  # (batch, seq, hidden)
+            inputs_embeds = self.embed(input_ids)  # (batch, seq, hidden)
         position_ids, mask, cross_mask = self.positions_and_masks(
             inputs_embeds, attention_mask, position_ids, padding, encoder_attention_mask,
             encoder_hidden_states is not None, self_cache)
@@ -232,8 +230,9 @@ class MiniTxStack(nn.Module):
             inputs_embeds, position_ids)
         hidden_states = self.dropout(hidden_states)
         # config.value_embeddings: every layer's values read the normalised token embeddings too
-        token_embeddings = nn.functional.rms_norm(inputs_embeds, (self.config.hidden_size,)) \
-            if self.config.value_embeddings else None
+        config = self.config
+        token_embeddings = nn.functional.rms_norm(inputs_embeds, (config.hidden_size,), eps=config.layer_norm_eps) \
+            if config.value_embeddings else None
         first_half = []  # config.unet_skips: the first half's outputs
 
         all_states = [hidden_states] if output_hidden_states else None
@@ -276,6 +275,8 @@ class MiniTxModel(MiniTxPreTrainedModel):
         if config.is_encoder_decoder:
             self.encoder = MiniTxStack(config, is_decoder=False)
         self.decoder = MiniTxStack(config, is_decoder=True)
+        if config.is_encoder_decoder:  # the decoder embeds with the encoder's table, also alone (`get_decoder()`)
+            self.decoder.embed = self.encoder.embed
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -335,8 +336,7 @@ class MiniTxModel(MiniTxPreTrainedModel):
         decoder_outputs = self.decoder(  # decoder ids are embedded with the encoder's embedding (shared)
             decoder_input_ids if decoder_inputs_embeds is None else None, decoder_attention_mask,
             decoder_position_ids, decoder_inputs_embeds, encoder_hidden_states=encoder_outputs.last_hidden_state,
-            encoder_attention_mask=attention_mask, cache=cache if use_cache else None, embed=self.encoder.embed,
-            **flags,
+            encoder_attention_mask=attention_mask, cache=cache if use_cache else None, **flags,
         )
         output = Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -376,14 +376,15 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        shift_labels: torch.LongTensor | None = None,
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
         """(batch, seq) ids -> logits (batch, seq, vocab); with `labels` (batch, seq), the shifted LM loss.
 
         Labels are the input ids themselves (the shift happens here); or pass `shift_labels` (batch, seq), the
-        targets already aligned with each position, which are used as they are. IGNORE_INDEX marks positions to ignore.
+        targets already aligned with each position, which are used as they are: a keyword of ``**kwargs``, as in
+        transformers' models (Trainer takes every named argument with "label" in it for a label it must be given).
+        IGNORE_INDEX marks positions to ignore.
         Extra keyword arguments (e.g. Trainer's `num_items_in_batch`) go to the loss function.
         `return_dict=False` (or `config.return_dict=False`) returns `output.to_tuple()`.
         """
@@ -394,7 +395,7 @@ class MiniTxForCausalLM(MiniTxLMHeadMixin, MiniTxPreTrainedModel, GenerationMixi
             output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
         )
         logits = self.output_logits(outputs.last_hidden_state, logits_to_keep)  # (batch, seq or kept, vocab)
-        loss = None
+        loss, shift_labels = None, kwargs.pop("shift_labels", None)
         if shift_labels is not None:
             loss = self.lm_loss(logits, shift_labels, True, "shift_labels", **kwargs)
         elif labels is not None:
@@ -467,6 +468,8 @@ class MiniTxForConditionalGeneration(MiniTxLMHeadMixin, MiniTxPreTrainedModel, G
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             check_labels(labels, labels.shape, "labels", self.config.vocab_size, aligned=True)  # before the shift
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        if labels is not None and use_cache is None:  # as BART: a scored batch keeps no cache (nor tuple slot for it)
+            use_cache = False
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, decoder_position_ids=decoder_position_ids,

@@ -95,6 +95,12 @@ POSITION_ENCODINGS: dict[str, type[nn.Module]] = {
 }
 
 
+def room_for_new_tokens(config: MiniTxConfig, used: int) -> int | None:
+    """How many new tokens fit after `used` decoder positions; None where rotary positions have no table. The last
+    new token is never fed back, so it needs no position: a sequence may be one longer than the table."""
+    return config.max_position_embeddings + 1 - used if config.position_table else None
+
+
 def check_generation_fits(config: MiniTxConfig, used: int, max_length: int, max_new_tokens: int | None) -> None:
     """Refuse, before any token is generated, a `generate()` whose sequence would outgrow the position table.
 
@@ -102,10 +108,9 @@ def check_generation_fits(config: MiniTxConfig, used: int, max_length: int, max_
     `max_length` the total length generate() will stop at. The last generated token is never fed back, so
     a sequence may be one longer than the table. Rotary positions have no table: nothing to refuse.
     """
-    limit = config.max_position_embeddings
-    if not config.position_table or max_length <= limit + 1:
+    limit, fit = config.max_position_embeddings, room_for_new_tokens(config, used)
+    if fit is None or max_length <= limit + 1:
         return
-    fit = limit + 1 - used
     start = "the decoder's start takes" if config.is_encoder_decoder else "the prompt takes"
     asked = f"max_new_tokens={max_new_tokens}" if max_new_tokens is not None else f"max_length={max_length}"
     fix = ("shorten the prompt" if fit < 1 else f"pass max_new_tokens={fit} or less" if max_new_tokens is not None
@@ -133,6 +138,7 @@ def positions_from_mask(
 
 __all__ = [
     "check_generation_fits",
+    "room_for_new_tokens",
     "positions_from_mask",
     "POSITION_ENCODINGS",
     "sinusoidal_table",

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from ..folders import SUMMARY_FILE
+
 RECIPES = resources.files(__package__) / "recipes"
 KJV_PROMPTS = ("And God said", "Blessed are the")
 NUMBERS = (42, 1984, 700_017, 999_999, 80)
@@ -114,7 +116,7 @@ def generate_with_both(kjv_dir: Path, numbers_dir: Path) -> dict[str, list]:
 
 
 def _metrics(folder: Path) -> dict:
-    return json.loads((folder / "training_summary.json").read_text())
+    return json.loads((folder / SUMMARY_FILE).read_text())
 
 
 def run_demo(runs_dir: str | Path = "runs") -> int:

@@ -40,6 +40,7 @@ from ..folders import (
     holding_lock,
     html_written_by_us,
     read_marker,
+    read_summary,
     weights_digest,
     write_file,
 )
@@ -48,7 +49,7 @@ from ..model_files import is_interrupted_run, read_safetensors_header
 from ..models import MiniTxConfig
 from ..models.positions_minitx import rope_inverse_frequencies
 from ..training.checkpoints import CHECKPOINT_PREFIX, MODEL_FILES, RUN_STATE_FILE, list_checkpoints
-from ..training.outputs import METRICS_FILE, SUMMARY_FILE, read_metrics
+from ..training.outputs import METRICS_FILE, read_metrics
 from ..training.setup import build_model
 from .model_reading import check_fits_positions, encode_text, parameter_counts, special_names, token_text
 
@@ -119,10 +120,7 @@ class Snapshot:
 
 def final_step(model_dir: Path) -> int | None:
     """The step the final model was saved at (training_summary.json), None when unknown."""
-    try:
-        steps = json.loads((model_dir / SUMMARY_FILE).read_text()).get("steps")
-    except (OSError, ValueError, AttributeError):
-        return None
+    steps = (read_summary(model_dir) or {}).get("steps")
     return steps if isinstance(steps, int) else None
 
 
@@ -210,10 +208,7 @@ def check_same_run_id(model_dir: Path, run_dir: Path) -> None:
 
 def _summary_run_id(model_dir: Path) -> str | None:
     """The run id training_summary.json records (None: none recorded, or a summary of an older version)."""
-    try:
-        return json.loads((model_dir / "training_summary.json").read_text()).get("run_id")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return (read_summary(model_dir) or {}).get("run_id")
 
 
 def load_snapshot(model: Any, snapshot: Snapshot, final_state: dict[str, torch.Tensor]) -> None:
@@ -313,13 +308,13 @@ def position_curves(model: Any) -> dict[str, Any]:
     config = model.config
     length = min(CURVE_POSITIONS, config.max_position_embeddings)
     stack = model.model.encoder if config.is_encoder_decoder else model.model.decoder
-    if config.position_embedding_type == "rope":
+    if not config.position_table:  # rotary: angles, not vectors
         inv_freq = rope_inverse_frequencies(config.head_dim, config.rope_theta)
         pairs = spread(range(len(inv_freq)), CURVE_DIMS)
         angles = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq[pairs]  # (positions, pairs)
         return {"kind": "rope", "title": "rotary: cos(position x frequency) of a few channel pairs",
                 "labels": [f"pair {p}" for p in pairs], "values": _rounded(torch.cos(angles).T)}
-    table = stack.embed_positions.weight.detach()[:length].float()  # (positions, hidden)
+    table = getattr(stack, stack.positions_attribute).weight.detach()[:length].float()  # (positions, hidden)
     dims = spread(range(config.hidden_size), CURVE_DIMS)
     return {"kind": config.position_embedding_type,
             "title": f"{config.position_embedding_type} position vectors: a few dimensions",
@@ -337,7 +332,7 @@ def model_info(model: Any, model_dir: Path, weights_dir: Path) -> dict[str, Any]
     shown = {k: v for k, v in sorted(config.items()) if isinstance(v, (int, float, str, bool)) or v is None}
     return {"name": model_dir.resolve().name, "weights": weights_digest(weights_dir), "config": shown,
             "parameters": parameter_counts(model),
-            "total_parameters": sum(p.numel() for p in model.parameters()), "positions": position_curves(model)}
+            "total_parameters": model.num_parameters(), "positions": position_curves(model)}
 
 
 def loss_curve(run: str | None) -> dict[str, list] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..cli import check_at_least, check_fraction
 from ..data.builtin import check_num_examples
 from ..data.corpus import corpus_task
 from ..data.tokenizer import check_vocab_size
@@ -58,9 +59,7 @@ def check_data_arguments(config: MiniTxConfig, data_args: DataArguments) -> None
             if getattr(data_args, name) is not None and getattr(data_args, name) < 2:
                 raise ValueError(f"--{name} must be >= 2 (at least one token and <eos>), got "
                                  f"{getattr(data_args, name)}")
-    for name, value in counts.items():
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be >= 1 (or left out for the default), got {value}")
+    check_at_least(counts, 1, hint=" (or left out for the default)")
     if data_args.block_size < 2:
         raise ValueError(f"--block_size must be >= 2 (a token and the next one to predict), got {data_args.block_size}")
     if data_args.shift_windows and (data_args.task != "causal-lm" or data_args.streaming):
@@ -100,43 +99,29 @@ def check_training_arguments(train_args: TrainArguments) -> None:
         "gradient_accumulation_steps": train_args.gradient_accumulation_steps,
         "logging_steps": train_args.logging_steps,
     }
-    for name, value in positive.items():
-        if value < 1:
-            raise ValueError(f"--{name} must be >= 1, got {value}")
-    at_least = {  # None: the default; 0 for the *_steps: never
-        "generation_eval_samples": (train_args.generation_eval_samples, 1),
-        "generation_num_beams": (train_args.generation_num_beams, 1),
-        "num_sample_generations": (train_args.num_sample_generations, 0),
-        "eval_steps": (train_args.eval_steps, 0), "checkpointing_steps": (train_args.checkpointing_steps, 0),
-        "warmup_steps": (train_args.warmup_steps, 0), "save_total_limit": (train_args.save_total_limit, 1),
-    }
-    for name, (value, least) in at_least.items():
-        if value is not None and value < least:
-            raise ValueError(f"--{name} must be >= {least}, got {value}")
+    check_at_least({**positive, "generation_eval_samples": train_args.generation_eval_samples,  # None: the default
+                    "generation_num_beams": train_args.generation_num_beams,
+                    "save_total_limit": train_args.save_total_limit, "max_steps": train_args.max_steps}, 1)
+    check_at_least({"num_sample_generations": train_args.num_sample_generations,  # 0 for the *_steps: never
+                    "eval_steps": train_args.eval_steps, "checkpointing_steps": train_args.checkpointing_steps,
+                    "warmup_steps": train_args.warmup_steps}, 0)
     check_thread_count(train_args.num_threads, "--num_threads")
     for name in ("eval_steps", "checkpointing_steps"):
         value = getattr(train_args, name)
         if value is not None and value > 1 and not float(value).is_integer():
             raise ValueError(f"--{name} is a whole number of steps or a fraction of the run in (0, 1), got {value}")
-    if train_args.max_steps is not None and train_args.max_steps < 1:
-        raise ValueError(f"--max_steps must be >= 1, got {train_args.max_steps}")
     if train_args.num_epochs is not None and not train_args.num_epochs > 0:
         raise ValueError(f"--num_epochs must be > 0 (or give --max_steps), got {train_args.num_epochs}")
-    for name in ("adam_beta1", "adam_beta2"):
-        if not 0.0 <= getattr(train_args, name) < 1.0:
-            raise ValueError(f"--{name} must be in [0, 1), got {getattr(train_args, name)}")
+    for name in ("adam_beta1", "adam_beta2", "label_smoothing"):
+        check_fraction(name, getattr(train_args, name))
+    for name in ("input_noise", "late_dropout"):
+        check_fraction(name, getattr(train_args, name), hint=" (0: off)")
     if not 0 < train_args.adam_epsilon < math.inf:
         raise ValueError(f"--adam_epsilon must be > 0 and finite, got {train_args.adam_epsilon}")
     for name in ("weight_decay", "max_grad_norm"):  # max_grad_norm inf: no clipping, like 0
         if not getattr(train_args, name) >= 0 or (name == "weight_decay" and math.isinf(train_args.weight_decay)):
             raise ValueError(f"--{name} must be >= 0{' and finite' if name == 'weight_decay' else ''}, got "
                              f"{getattr(train_args, name)}")
-    if not 0.0 <= train_args.label_smoothing < 1.0:
-        raise ValueError(f"--label_smoothing must be in [0, 1), got {train_args.label_smoothing}")
-    if not 0.0 <= train_args.input_noise < 1.0:
-        raise ValueError(f"--input_noise must be in [0, 1) (0: off), got {train_args.input_noise}")
-    if not 0.0 <= train_args.late_dropout < 1.0:
-        raise ValueError(f"--late_dropout must be in [0, 1) (0: off), got {train_args.late_dropout}")
     if not train_args.late_dropout_passes > 0:
         raise ValueError(f"--late_dropout_passes must be > 0, got {train_args.late_dropout_passes}")
     check_optimizer_arguments(train_args)

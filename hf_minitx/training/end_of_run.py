@@ -28,7 +28,7 @@ from ..folders import PARTIAL_SUFFIX, move_files_into
 from .best import too_few_to_choose
 from .checkpoints import write_failure
 from .optim import describe_optimizer
-from .outputs import LOSS_CURVE_FILE, SUMMARY_FILE, save_final_model
+from .outputs import LOSS_CURVE_FILE, SUMMARY_FILE, save_final_model, tokens_per_second
 from .rescue import check_room, final_save_bytes, rescue_final_model
 from .run_plan import RunPlan
 from .setup import effective_precision
@@ -99,9 +99,9 @@ def run_summary(run: TrainingRun, state: RunState, outcome: FitOutcome) -> dict[
            if effective_precision(run.accelerator) != run.accelerator.mixed_precision else {}),
         "final_metrics": outcome.final_metrics,
         "sample_generations": [{"prompt": s["prompt"], "output": s["output"]} for s in state.last_samples],
-        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "num_parameters": model.num_parameters(),
         "stopped_by_time_budget": outcome.stopped_by_time_budget,
-        "tokens_per_second": round(state.tokens_seen / max(state.train_seconds, 1e-9), 1),
+        "tokens_per_second": tokens_per_second(state.tokens_seen, state.train_seconds),
         "train_cpu_seconds": round(outcome.cpu_seconds, 2),
         "recipe": {**run.recipe, "parameter_groups": describe_optimizer(run.optimizer)},
     }

@@ -15,8 +15,9 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..inference import generate, generate_texts, room_for_new_tokens
+from ..inference import generate, generate_texts
 from ..models.modeling_minitx import IGNORE_INDEX
+from ..models.positions_minitx import room_for_new_tokens
 from .loss import Objective, sequence_cross_entropy
 
 COVERAGE_KEYS = ("eval_tokens", "eval_bytes")  # what the figures cover, not metrics themselves
@@ -169,7 +170,7 @@ class TextEvaluation:
         style = {"do_sample": True, "top_k": 40, "temperature": 0.8} if self.objective.shift else {"do_sample": False}
         encoded = self.tokenizer(self.prompts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         longest = max(len(ids) for ids in encoded)
-        room = room_for_new_tokens(unwrapped, longest)  # stay inside a learned or sinusoidal position table
+        room = room_for_new_tokens(unwrapped.config, longest)  # stay inside a learned or sinusoidal position table
         new_tokens = 48 if room is None else max(1, min(48, room))
         outputs = generate(unwrapped, self.tokenizer, self.prompts, seed=self.seed, max_new_tokens=new_tokens, **style)
         return metrics, [{"prompt": p, "output": o.strip()} for p, o in zip(self.prompts, outputs, strict=True)]

@@ -137,16 +137,15 @@ def newton_schulz(matrix: torch.Tensor, coefficients: tuple[float, float, float]
                   eps: float) -> torch.Tensor:
     """An approximately semi-orthogonal matrix with the singular vectors of ``matrix`` (rows, cols), or of each
     matrix of a stack (n, rows, cols), by the quintic Newton-Schulz iteration X <- aX + (bA + cA^2)X, A = XX^T,
-    on the wide orientation (short, long). A stack runs as batched products: on a CPU, same-shaped matrices of
-    width 128 iterate about 3x faster together on 2 threads than one by one, where each product is too small to
-    split between threads.
+    on the wide orientation (short, long). A stack runs as batched products: on a CPU, small same-shaped matrices
+    iterate faster together than one by one, where each product is too small to split between threads.
 
-    Every iterate is P X0 with P a polynomial in A0 = X0 X0^T, so when the long side is at least twice the
-    short one the iteration runs on (short, short) matrices (``gram_newton_schulz``), for about 60% of the
-    FLOPs at (128, 512). Its rounding grows in the directions of (near-)zero singular values with every step,
-    as it is never reset from X: at up to ``GRAM_MAX_STEPS`` steps it stays within ~1e-3 of the exact iteration
-    (relative to the largest entry) even for rank-1 updates, where the plain float32 form is within ~3e-4 and
-    torch's bfloat16 one much coarser (tested); longer iterations take the plain form.
+    Every iterate is P X0 with P a polynomial in A0 = X0 X0^T, so when the long side is at least twice the short one
+    the iteration runs on (short, short) matrices (``gram_newton_schulz``), for fewer FLOPs. Its rounding grows in
+    the directions of (near-)zero singular values with every step, as it is never reset from X: at up to
+    ``GRAM_MAX_STEPS`` steps it stays within ~1e-3 of the exact iteration (relative to the largest entry) even for
+    rank-1 updates, where the plain float32 form is within ~3e-4 and torch's bfloat16 one much coarser (tested);
+    longer iterations take the plain form.
     """
     single = matrix.dim() == 2
     stack = matrix.unsqueeze(0) if single else matrix  # (n, rows, cols)

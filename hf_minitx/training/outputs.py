@@ -14,11 +14,16 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..folders import write_file
+from ..folders import SUMMARY_FILE, write_file
 
 METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "training_summary.json"
 LOSS_CURVE_FILE = "loss_curve.png"
+
+
+def tokens_per_second(tokens: int, seconds: float) -> float:
+    """The training rate the summary, the card and the benchmark report (a run of no measurable time: no division
+    by zero)."""
+    return round(tokens / max(seconds, 1e-9), 1)
 
 
 def _clean(value: Any) -> Any:

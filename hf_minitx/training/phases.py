@@ -31,12 +31,21 @@ from pathlib import Path
 from typing import Any
 
 from ..data.sources import dataset_key
-from ..folders import LOCK_FILE, PARTIAL_SUFFIX, RUN_MARKER, unlock_folder, weights_digest, write_file
+from ..folders import (
+    LOCK_FILE,
+    PARTIAL_SUFFIX,
+    RUN_MARKER,
+    SUMMARY_FILE,
+    read_summary,
+    unlock_folder,
+    weights_digest,
+    write_file,
+)
 from ..hub.card import CARD_FILE
 from .arguments import DataArguments, ModelArguments, TrainArguments
 from .checkpoints import list_checkpoints
 from .end_of_run import write_card
-from .outputs import SUMMARY_FILE
+from .outputs import tokens_per_second
 from .shape_plan import PHASES, SHAPE_PLAN, check_phase_budget, planned_split
 
 logger = logging.getLogger(__name__)
@@ -202,7 +211,7 @@ def promote(output_dir: Path, record: dict[str, Any], keep: bool = False) -> Non
     summary.pop("distilled_from", None)  # the teacher's folder is removed (or kept): its digest is in the record
     for name in ("train_seconds", "tokens_seen"):  # the run's: both phases' (the kept model's are in its record)
         summary[name] = round(teacher.get(name, 0) + student.get(name, 0), 2)
-    summary["tokens_per_second"] = round(summary["tokens_seen"] / max(summary["train_seconds"], 1e-9), 1)
+    summary["tokens_per_second"] = tokens_per_second(summary["tokens_seen"], summary["train_seconds"])
     write_file(output_dir / SUMMARY_FILE, lambda tmp: tmp.write_text(json.dumps(summary, indent=2)))
     write_card(output_dir)
 
@@ -246,8 +255,3 @@ def _model_files(folder: Path) -> list[Path]:
                   and not path.name.startswith("."))
 
 
-def read_summary(folder: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((folder / SUMMARY_FILE).read_text())
-    except (OSError, ValueError):
-        return None

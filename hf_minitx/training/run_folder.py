@@ -89,6 +89,7 @@ def get_tokenizer(plan: RunPlan, corpus: Any, accelerator: Accelerator) -> PreTr
                                 max_chars=data_args.tokenizer_max_chars),
             data_args.tokenizer_vocab_size, model_max_length=plan.config.max_position_embeddings,
             add_eos_token=data_args.task == "seq2seq",  # sources end with EOS, in training and in use
+            padding_side="right" if data_args.task == "seq2seq" else "left",
         )
         shutil.rmtree(staging, ignore_errors=True)
         try:

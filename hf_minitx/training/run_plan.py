@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -20,7 +19,7 @@ from typing import Any
 from ..data.corpus import dataset_key, local_inputs
 from ..data.streaming import load_stream_state, stream_state_path
 from ..data.tokenizer import check_training_tokenizer
-from ..folders import check_apart, check_not_locked, check_output_folder, output_path
+from ..folders import check_apart, check_not_locked, check_output_folder, output_path, read_summary
 from ..launch import process_count
 from ..models import MiniTxConfig
 from .argument_checks import (
@@ -45,7 +44,6 @@ from .checkpoints import (
 from .distill import check_distill_arguments, teacher_identity, teacher_record
 from .loss import Objective
 from .model_presets import load_preset, parse_config_overrides, preset_path
-from .outputs import SUMMARY_FILE
 from .shape_plan import (
     SHAPE_PLAN,
     check_phase_budget,
@@ -336,10 +334,7 @@ def check_not_complete(plan: RunPlan, total_steps: int) -> None:
     after its checkpoint, raises AlreadyComplete: nothing is to be done or written."""
     if plan.checkpoint is None:
         return
-    try:
-        steps = json.loads((plan.output_dir / SUMMARY_FILE).read_text()).get("steps")
-    except (OSError, ValueError, AttributeError):
-        steps = None  # no (readable) final summary: the run goes on and finishes
+    steps = (read_summary(plan.output_dir) or {}).get("steps")  # none (readable): the run goes on and finishes
     complete = (plan.output_dir / "config.json").is_file() and any(plan.output_dir.glob("*.safetensors"))
     if isinstance(steps, int) and steps >= total_steps and steps >= plan.resume_state["step"] and complete:
         raise AlreadyComplete(f"{plan.output_dir} is already complete at step {steps}; nothing to do (raise "

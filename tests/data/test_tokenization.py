@@ -126,6 +126,7 @@ def test_script_is_reproducible(tmp_path):
     other = script.main(["--dataset", corpus, "--vocab_size", "290", "--output_dir", str(tmp_path / "c")])
     assert (other / "tokenizer.json").read_bytes() != first
     assert len(AutoTokenizer.from_pretrained(outputs[0])) == 300
+    assert AutoTokenizer.from_pretrained(outputs[0]).padding_side == "left"  # prompts generate from their ends
 
 
 def test_script_trains_on_both_sides_of_seq2seq(tmp_path):
@@ -135,6 +136,7 @@ def test_script_trains_on_both_sides_of_seq2seq(tmp_path):
     tok = AutoTokenizer.from_pretrained(out)
     assert tok.tokenize(" thousand") == ["Ġthousand"]  # English source side
     assert tok.tokenize(" vingt") == ["Ġvingt"]  # French target side
+    assert tok.padding_side == "right"  # an encoder-decoder's labels are padded on the right
 
 
 def test_script_max_texts_limits_the_sample(tmp_path):

@@ -153,3 +153,25 @@ def test_a_model_path_that_does_not_exist_or_is_a_file_is_said_so(tmp_path, monk
         err = capsys.readouterr().err
         assert err.startswith(f"error: {said}") and err.count("\n") == 1, err
     assert os.listdir() == ["notes.txt"]
+
+
+@pytest.mark.parametrize("summary", ["[1, 2]", "{not json"])
+def test_a_hand_edited_training_summary_is_named_in_the_users_folder(causal_copy, tmp_path, capsys, summary):
+    (causal_copy / "training_summary.json").write_text(summary)  # the card and the smoke prompt read it
+    assert minitx(["push", "--model_dir", str(causal_copy), "--dry_run", str(tmp_path / "stage")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{causal_copy} is not a complete hf_minitx model folder: training_summary.json" in err[0]
+    assert not (tmp_path / "stage").exists()
+
+
+def test_records_read_back_as_hints_are_absent_when_unreadable(tmp_path):
+    from hf_minitx.folders import read_json_object, read_summary
+
+    assert read_summary(tmp_path) is None  # missing
+    for text in ("[1, 2]", '"run"', "{not json", "\xff"):
+        (tmp_path / "training_summary.json").write_text(text, encoding="latin-1")
+        assert read_summary(tmp_path) is None, text
+    (tmp_path / "training_summary.json").write_text('{"steps": 3}')
+    assert read_summary(tmp_path) == {"steps": 3} == read_json_object(tmp_path / "training_summary.json")
+    (tmp_path / "folder.json").mkdir()
+    assert read_json_object(tmp_path / "folder.json") is None

@@ -283,9 +283,9 @@ def bart_and_minitx(headless: bool):
 def test_output_structure_matches_gpt2_and_bart(pair, headless):
     reference, ours = pair(headless)
     seq2seq = ours.config.is_encoder_decoder
-    use_cache = headless or not seq2seq  # BART turns the cache off when given labels
-    batch = {**inputs(seq2seq, labels=not headless), "use_cache": use_cache,
-             "output_hidden_states": True, "output_attentions": True}
+    # BART turns the cache off when given labels: left to the defaults there, both sides must agree
+    cache = {"use_cache": True} if headless or not seq2seq else {}
+    batch = {**inputs(seq2seq, labels=not headless), **cache, "output_hidden_states": True, "output_attentions": True}
     ref_out, our_out = reference(**batch), ours(**batch)
     shared = [key for key in ref_out.keys() if key != "cross_attentions" or seq2seq]  # GPT-2 lists it, empty
     assert list(our_out.keys()) == shared
@@ -294,3 +294,23 @@ def test_output_structure_matches_gpt2_and_bart(pair, headless):
     ref_tuple, our_tuple = reference(**batch, return_dict=False), ours(**batch, return_dict=False)
     ref_items = [item for item in ref_tuple if item != ()]  # GPT-2's empty cross_attentions
     assert [layout(item) for item in our_tuple] == [layout(item) for item in ref_items]
+
+
+def test_a_seq2seq_decoder_runs_alone_with_the_shared_embedding():
+    # as BART's get_decoder(): the decoder reads the encoder's token table, also when called by itself, and a
+    # copy of the model embeds with its own table
+    import copy
+
+    model = build(MiniTxForConditionalGeneration, True)
+    batch = inputs(True, labels=False)
+    full = model(**batch, use_cache=False)
+    alone = model.get_decoder()(input_ids=batch["decoder_input_ids"],
+                                encoder_hidden_states=full.encoder_last_hidden_state,
+                                encoder_attention_mask=batch["attention_mask"])
+    torch.testing.assert_close(model.output_logits(alone.last_hidden_state, 0), full.logits)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.get_input_embeddings().weight.mul_(2)
+    assert twin.model.decoder.embed.__self__ is twin.model.encoder
+    assert not torch.allclose(twin(**batch, use_cache=False).logits, full.logits)
+    torch.testing.assert_close(model(**batch, use_cache=False).logits, full.logits)

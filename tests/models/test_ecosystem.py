@@ -13,6 +13,7 @@ from transformers import (
     TrainingArguments,
     pipeline,
 )
+from transformers.utils import find_labels
 
 from hf_minitx import MiniTxForCausalLM, MiniTxForConditionalGeneration
 from hf_minitx.data.tokenizer import train_bpe_tokenizer
@@ -52,6 +53,19 @@ def test_trainer_trains_causal_lm_with_falling_loss(tmp_path, tokenizer):
     trainer.train()
     losses = _losses(trainer)
     assert len(losses) == 3 and losses[-1] < losses[0] * 0.8
+
+
+def test_trainer_evaluates_a_loss_with_its_default_label_names(tmp_path, tokenizer):
+    # Trainer takes every forward argument named like a label for one it must be given before it computes an
+    # evaluation loss: shift_labels is a keyword of **kwargs, as in transformers' own models
+    for model_class in (MiniTxForCausalLM, MiniTxForConditionalGeneration):
+        assert find_labels(model_class) == ["labels"], model_class
+    model = MiniTxForCausalLM(tiny_config(vocab_size=len(tokenizer)))
+    args = _train_args(tmp_path, eval_strategy="steps", eval_steps=10, metric_for_best_model="eval_loss")
+    trainer = Trainer(model=model, args=args, train_dataset=_lm_dataset(tokenizer), eval_dataset=_lm_dataset(tokenizer))
+    trainer.train()
+    metrics = trainer.evaluate()
+    assert metrics["eval_loss"] > 0 and trainer.predict(_lm_dataset(tokenizer)).label_ids is not None
 
 
 def test_seq2seq_trainer_trains_and_generates(tmp_path, tokenizer):

@@ -58,7 +58,7 @@ def test_the_gate_multiplies_each_heads_output_by_the_sigmoid_of_its_projection(
 
 
 def test_value_embeddings_add_a_projection_of_the_normalised_token_embeddings_to_the_values():
-    model, plain = with_piece("value_embeddings")
+    model, plain = with_piece("value_embeddings", layer_norm_eps=0.25)  # an epsilon far from torch's default
     ids = random_ids(2, 9)
     with torch.no_grad():
         assert not torch.allclose(model(ids).logits, plain(ids).logits)
@@ -73,7 +73,7 @@ def test_value_embeddings_add_a_projection_of_the_normalised_token_embeddings_to
         embeddings = model.model.decoder.embed_tokens(ids)
         assert len(seen) == 4
         for given in seen:
-            eps = torch.finfo(embeddings.dtype).eps  # torch's rms_norm default
+            eps = model.config.layer_norm_eps  # the config's, as every other norm of the model
             torch.testing.assert_close(given, embeddings * (embeddings.pow(2).mean(-1, keepdim=True) + eps).rsqrt())
         # a projection equal to v_proj, fed the layer's own input as the token embeddings, doubles the values
         model, plain = with_piece("value_embeddings", num_key_value_heads=2)

@@ -140,3 +140,17 @@ def test_rotary_positions_have_no_generation_limit():
     model = tiny_causal(position_embedding_type="rope", max_position_embeddings=16)
     out = model.generate(random_ids(1, 5), do_sample=False, max_new_tokens=20, min_new_tokens=20)
     assert out.shape == (1, 25)
+
+
+@pytest.mark.parametrize("seq2seq", [False, True])
+def test_an_asked_max_length_bounds_the_call_over_a_saved_max_new_tokens(seq2seq):
+    # `minitx train` saves max_new_tokens in generation_config.json; a caller's max_length (Seq2SeqTrainer's
+    # generation_max_length, a pipeline's) bounds the call as it would a stock model's
+    model = (tiny_seq2seq() if seq2seq else tiny_causal()).eval()
+    model.generation_config.max_new_tokens, model.generation_config.max_length = 30, None
+    model.generation_config.suppress_tokens = [model.config.eos_token_id]  # nothing stops early
+    ids = random_ids(1, 4)
+    start = 0 if seq2seq else ids.shape[1]
+    assert model.generate(ids, do_sample=False, max_length=9).shape[1] == 9
+    assert model.generate(ids, do_sample=False).shape[1] == start + 30 + (1 if seq2seq else 0)
+    assert model.generate(ids, do_sample=False, max_length=9, max_new_tokens=5).shape[1] == start + 5 + seq2seq

@@ -161,6 +161,19 @@ def test_seq2seq_loss_falls_and_reports_generation_metrics(tmp_path):
     assert model.generation_config.decoder_start_token_id == tokenizer.bos_token_id
     assert model.generation_config.eos_token_id == tokenizer.eos_token_id
     assert model.generation_config.max_new_tokens == 32
+    # the folder's tokenizer pads on the right, as BART's: transformers' own collator then batches what ours does
+    from transformers import DataCollatorForSeq2Seq
+
+    from hf_minitx.data.preprocessing import seq2seq_collator
+
+    assert tokenizer.padding_side == "right"
+    rows = [{"input_ids": tokenizer("seven hundred and twelve")["input_ids"],
+             "labels": tokenizer("sept", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]},
+            {"input_ids": tokenizer("one")["input_ids"],
+             "labels": tokenizer("sept cent douze", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]}]
+    ours, stock = seq2seq_collator(tokenizer)(rows), DataCollatorForSeq2Seq(tokenizer, model=model)(rows)
+    for name in ("input_ids", "attention_mask", "labels"):
+        assert torch.equal(ours[name], stock[name]), name
 
 
 # --- the saved folder --------------------------------------------------------------------------------

@@ -42,8 +42,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...folders import write_file
-from ...training.phases import FOLDERS_KEPT, STUDENT_DIR, TEACHER_DIR, read_summary
+from ...folders import SUMMARY_FILE, read_summary, write_file
+from ...training.outputs import tokens_per_second
+from ...training.phases import FOLDERS_KEPT, STUDENT_DIR, TEACHER_DIR
 from .quality_settings import (
     CURVE_POINTS,
     QualitySettings,
@@ -71,6 +72,7 @@ def write_splits(text: str, folder: Path) -> tuple[str, str]:
 
 
 def bits_per_byte(total_bits: float, num_bytes: int) -> float:
+    """Bits per byte of a text of ``num_bytes`` UTF-8 bytes scored ``total_bits``: independent of the tokenizer."""
     return total_bits / num_bytes
 
 
@@ -100,7 +102,7 @@ def run_ours(settings: QualitySettings, data: Path, tokenizer: Path, out: Path) 
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
         raise ValueError(child_error("our side's `minitx train`", done))
-    return json.loads((out / "training_summary.json").read_text())
+    return json.loads((out / SUMMARY_FILE).read_text())
 
 
 def child_error(what: str, done: subprocess.CompletedProcess) -> str:
@@ -207,8 +209,8 @@ def side_figures(model: nn.Module, ids: list[int], block: int, vocab: int, valid
     bits = score_bits(model, ids, block, vocab)
     return {"bits_per_byte": bits_per_byte(bits, len(validation_text.encode("utf-8"))), "steps": steps,
             "tokens_seen": tokens_seen, "train_seconds": round(train_seconds, 2),
-            "tokens_per_second": round(tokens_seen / max(train_seconds, 1e-9), 1),
-            "num_parameters": sum(p.numel() for p in model.parameters())}
+            "tokens_per_second": tokens_per_second(tokens_seen, train_seconds),
+            "num_parameters": sum(p.numel() for p in model.parameters())}  # the reference is no PreTrainedModel
 
 
 def score_curve(model: nn.Module, snapshots: list[tuple[float, int, dict[str, torch.Tensor]]], tokenizer: Any,
@@ -221,7 +223,7 @@ def score_curve(model: nn.Module, snapshots: list[tuple[float, int, dict[str, to
     for seconds, step, weights in snapshots:
         model.load_state_dict(weights, strict=False)  # strict=False: a tied head is stored once
         points.append({"seconds": round(seconds, 2), "step": step,
-                       "bits_per_byte": score_bits(model, subset, block, len(tokenizer)) / num_bytes})
+                       "bits_per_byte": bits_per_byte(score_bits(model, subset, block, len(tokenizer)), num_bytes)})
     return points
 
 

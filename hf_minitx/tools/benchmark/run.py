@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ...cli import EXIT_INTERRUPTED, Interrupted
+from ...cli import EXIT_INTERRUPTED, Interrupted, check_at_least
 from ...device import check_thread_count, pick_device
 from ...folders import WRITTEN_BY, check_output_file, write_file
 from .data_prep import format_data_prep, run_data_prep
@@ -196,8 +196,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         raise ValueError("--device cuda asked for, but torch sees no CUDA GPU; use --device cpu")
     if pick_device(args.device).type not in ("cpu", "cuda"):
         raise ValueError(f"--device {args.device}: the benchmark runs on cpu or cuda")
-    if args.rounds is not None and args.rounds < 1:
-        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
+    check_at_least({"rounds": args.rounds}, 1)
     base = QUICK_SHAPE if args.quick else BenchmarkShape()
     shape = replace(base, **{f: getattr(args, f) for f in asdict(base) if getattr(args, f) is not None})
     shape.check()
