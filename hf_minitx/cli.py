@@ -95,6 +95,8 @@ def parse_arguments(
     for action in parser._actions:  # `bool | None` fields (None: the task decides) take `--flag` alone, as bools do
         if action.type is string_to_bool and action.nargs is None:
             action.nargs, action.const = "?", True
+        if isinstance(action, argparse._StoreFalseAction) and action.option_strings[0].startswith("--no_"):
+            action.help = f"turn --{action.dest} off (it is on by default)"  # HfArgumentParser copies the flag's help
     if defaults:
         parser.set_defaults(**defaults)
     argv = merge_repeated(list(argv or []))

@@ -114,6 +114,10 @@ def test_each_subcommand_has_one_help_line_per_argument(name, capsys):
     helped = [line for line in out.splitlines() if line.startswith("  --") and len(line.split()) > 2
               or line.startswith(" " * 20) and line.strip()]
     assert len(helped) >= len(options) - 1, out  # every option is followed by its help text
+    # a `--no_FLAG` of a flag on by default says what it does, not the flag's own help
+    for line in (line for line in out.splitlines() if line.startswith("  --no_") and "[" not in line):
+        flag = line.split()[0].rstrip(",")[len("--no_"):]
+        assert f"--{flag} off" in " ".join(out.split(line, 1)[1].split()[:6]), line
 
 
 def test_argument_errors_are_one_line_with_exit_code_2(capsys):

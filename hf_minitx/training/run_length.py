@@ -136,6 +136,9 @@ def evaluation_passed(settings: LoopSettings, step: int, evaluated_at: int) -> b
     return due > 0 and evaluated_at < due
 
 
+ADVICE_SLACK = 1.25  # the budget advised after a probe ran out plans for steps this much slower than it timed
+
+
 def ran_out_in_probe(run: TrainingRun, outcome: FitOutcome) -> bool:
     """Whether a time budget ran out inside its timing probe, before any plan was laid."""
     return outcome.stopped_by_time_budget and run.budget is not None and run.budget.planned_steps is None
@@ -162,10 +165,10 @@ def refuse_unplanned_budget(run: TrainingRun, state: RunState, outcome: FitOutco
     made = f" and an evaluation of {evaluation:.1f} s" if evaluation else ""
     # a new process starts up again (its first steps), evaluates in its probe and at its end, and a resumed budget
     # counts the seconds trained so far (not that evaluation), then times a probe of its own; never the budget that
-    # just ran out, nor less
+    # just ran out, nor less; its steps may be a little slower than these were (ADVICE_SLACK)
 
     def advised(spent: float) -> str:
-        minutes = budget.shortest_budget(step_seconds, spent + 2 * evaluation + budget.startup_seconds)
+        minutes = budget.shortest_budget(step_seconds * ADVICE_SLACK, spent + 2 * evaluation + budget.startup_seconds)
         return f"--max_minutes {max(minutes, math.floor(budget.seconds / 60 * 100 + 1) / 100):g} or more"
 
     resume = (f"{run.output_dir} holds its old contents again, as nothing was replaced: run again with "
@@ -173,10 +176,10 @@ def refuse_unplanned_budget(run: TrainingRun, state: RunState, outcome: FitOutco
               f"--resume_from_checkpoint latest {advised(state.train_seconds)}"
               if outcome.checkpoint else f"nothing was saved: run again with {advised(timing)}")
     raise ValueError(f"--max_minutes {budget.seconds / 60:g} ({budget.seconds:.1f} s){whose} ran out after "
-                     f"{state.step} step(s) of about {step_seconds:.2f} s{made}, inside the {budget.probe_steps}-step "
-                     "timing probe that makes the plan: the schedule never decayed, so no model is saved as the run's "
-                     f"result; {resume} (the probe and as many steps again), or train a number of steps with "
-                     "--max_steps")
+                     f"{state.step} step(s) of about {step_seconds:.2f} s{made}, inside the timing probe that "
+                     f"makes the plan (the {budget.probe_steps} steps after a start or a resume): the schedule "
+                     f"never decayed, so no model is saved as the run's result; {resume} (the probe and as many "
+                     "steps again), or train a number of steps with --max_steps")
 
 
 def late_dropout_plan(train_args: TrainArguments, config: Any, batches_per_epoch: int | None,

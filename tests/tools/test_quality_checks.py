@@ -167,13 +167,15 @@ def test_sides_kept_by_an_interrupted_comparison_are_not_measured_again(tmp_path
 
 
 def test_a_side_that_fails_is_one_line_with_what_to_change():
-    ran_out = ("error: --max_minutes 0.25 (15.0 s) ran out after 13 step(s) of about 0.90 s, inside the 20-step "
-               "timing probe that makes the plan: the schedule never decayed, so no model is saved as the run's "
-               "result; /tmp/x/checkpoint-13 holds them: resume it with --resume_from_checkpoint latest "
-               "--max_minutes 0.71 (the probe and as many steps again), or train a number of steps with --max_steps")
+    ran_out = ("error: --max_minutes 0.25 (15.0 s) ran out after 13 step(s) of about 0.90 s, inside the timing "
+               "probe that makes the plan (the 20 steps after a start or a resume): the schedule never decayed, so "
+               "no model is saved as the run's result; /tmp/x/checkpoint-13 holds them: resume it with "
+               "--resume_from_checkpoint latest --max_minutes 0.71 (the probe and as many steps again), or train a "
+               "number of steps with --max_steps")
     said = child_error("our side's `minitx train`", subprocess.CompletedProcess([], 2, "log\n", ran_out + "\n"))
     assert said == ("our side's `minitx train` failed (exit 2): --max_minutes 0.25 (15.0 s) ran out after 13 step(s) "
-                    "of about 0.90 s, inside the 20-step timing probe that makes the plan: the schedule never "
+                    "of about 0.90 s, inside the timing probe that makes the plan (the 20 steps after a start or a "
+                    "resume): the schedule never "
                     "decayed, so no model is saved as the run's result; give --quality_seconds 43 or more")
     crash = "Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: boom\n"
     assert child_error("it", subprocess.CompletedProcess([], 1, "", crash)) == (

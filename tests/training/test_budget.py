@@ -25,6 +25,7 @@ from hf_minitx.training.budget import GRACE, MARGIN, MIN_OVERDUE, TimeBudget, ev
 from hf_minitx.training.end_of_run import keep_best
 from hf_minitx.training.loop import main
 from hf_minitx.training.optim import build_optimizer, build_scheduler, relay_schedule
+from hf_minitx.training.run_length import ADVICE_SLACK
 from hf_minitx.training.state import FitOutcome, RunState
 
 REPO = Path(__file__).resolve().parents[2]
@@ -468,8 +469,9 @@ def test_a_budget_spent_inside_its_probe_names_a_step_without_the_shape_timing_a
     assert "--max_minutes 0.15 (9.0 s) (the teacher's share of a 0.3-minute budget split in two)" in said
     assert "8 step(s) of about 0.38 s" in said  # not (6 + 3) / 8 = 1.12 s
     advised = float(said.split("--resume_from_checkpoint latest --max_minutes ")[1].split()[0])
-    assert advised == run.budget.shortest_budget(0.375, 9.0)  # the timing and the 8 steps stay on the resumed clock
-    assert advised * 60 * (1 - MARGIN) > 9.0 + 2 * 20 * 0.375  # room for a new probe and as many steps, after it
+    # the timing and the 8 steps stay on the resumed clock; the steps to come may be up to ADVICE_SLACK slower
+    assert advised == run.budget.shortest_budget(0.375 * ADVICE_SLACK, 9.0)
+    assert advised * 60 * (1 - MARGIN) > 9.0 + 2 * 20 * 0.375 * ADVICE_SLACK  # a new probe and as many steps, after it
     run.budget = TimeBudget(seconds=18.0)  # a budget given to a resume is not the teacher's share: not said so
     with pytest.raises(ValueError) as refused:
         refuse_unplanned_budget(run, state, outcome)

@@ -184,7 +184,8 @@ def test_a_budget_the_probe_spends_is_refused_as_one_that_ran_out_inside_it(text
     monkeypatch.setattr(TimeBudget, "steps_that_fit", lambda self, done, *args, **kwargs: done)
     monkeypatch.setattr(loop, "tqdm", RecordedBar)
     out = tmp_path / "spent"
-    with pytest.raises(ValueError, match=r"ran out after 20 step\(s\) of about .* inside the 20-step timing probe"):
+    with pytest.raises(ValueError, match=r"ran out after 20 step\(s\) of about .* inside the timing probe that makes "
+                                         r"the plan \(the 20 steps after"):
         loop.main(causal_args(text_file, out, "--max_minutes", "0.5"))
     assert (out / "checkpoint-20").is_dir() and not (out / "model.safetensors").exists()
     assert not (out / "training_summary.json").exists()
