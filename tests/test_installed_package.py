@@ -34,6 +34,7 @@ def test_wheel_holds_presets_recipes_card_template_and_the_command(wheel):
     for preset in ("tiny", "small", "gpt2-style", "gpt2-small", "base", "kjv-demo", "numbers-demo"):
         assert f"hf_minitx/training/presets/{preset}.json" in names
     assert "hf_minitx/tools/recipes/kjv-gpt.json" in names and "hf_minitx/hub/model_card.md" in names
+    assert "hf_minitx/tools/experiment_presets/norm-position.json" in names  # `minitx experiment --preset`
     assert "hf_minitx/tools/explorer.html" in names  # the page template of `minitx explore`
     assert "hf_minitx/tools/benchmark/run.py" in names  # a subpackage: `minitx benchmark`
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

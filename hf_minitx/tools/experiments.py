@@ -12,10 +12,12 @@ dataset of token ids, so they write the same `metrics.jsonl` and `training_summa
 
 from __future__ import annotations
 
+import json
 import signal
 from argparse import ArgumentTypeError
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -34,7 +36,7 @@ from ..training.end_of_run import finish, run_summary
 from ..training.evaluation import evaluate_loss
 from ..training.loop import fit
 from ..training.loss import Objective
-from ..training.optim import OPTIMIZERS, build_optimizer, build_scheduler, describe_schedule
+from ..training.optim import build_optimizer, build_scheduler, check_optimizer_name, describe_schedule
 from ..training.state import LoopSettings, RunState, TrainingRun
 
 TASKS = ("copy", "reverse")
@@ -93,8 +95,7 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"task={self.task!r} is not known; choose one of {TASKS}.")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer={self.optimizer!r} is not known; choose one of {sorted(OPTIMIZERS)}.")
+        check_optimizer_name(self.optimizer, "optimizer")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r} is not known; choose one of {SCHEDULES}.")
         if self.vocab_size <= FIRST_TOKEN + 1:
@@ -320,17 +321,17 @@ def compare(config: ExperimentConfig, field: str, values: list, output_dir: str 
     return summaries
 
 
-PRESETS: dict[str, ExperimentConfig] = {
-    "copy": ExperimentConfig(task="copy"),
-    "reverse": ExperimentConfig(task="reverse", steps=1000),
-    # the paper's weight scale (std 1/sqrt(64)), 6 layers a side, a warmup of one step (the first step at rate
-    # 0, cosine decay from the peak at step 1), no clipping: post-LN learns slowly, pre-LN reaches
-    # nearly every sequence (docs/see-inside.md)
-    "norm-position": ExperimentConfig(
-        task="reverse", num_layers=6, steps=500, learning_rate=1e-3, schedule="cosine", warmup_steps=1,
-        max_grad_norm=None, initializer_range=0.125, stop_at_exact_match=None,
-    ),
-}
+PRESET_FILES = resources.files(__package__) / "experiment_presets"  # JSON files shipped inside the package
+
+
+def _load_presets() -> dict[str, ExperimentConfig]:
+    """{name: config} of the JSON presets: ExperimentConfig fields over its defaults, and a `description`."""
+    files = sorted((f for f in PRESET_FILES.iterdir() if f.name.endswith(".json")), key=lambda f: f.name)
+    return {f.name.removesuffix(".json"): ExperimentConfig(**{k: v for k, v in json.loads(f.read_text()).items()
+                                                              if k != "description"}) for f in files}
+
+
+PRESETS = _load_presets()
 
 
 @dataclass

@@ -278,10 +278,15 @@ OPTIMIZERS: dict[str, Callable[[nn.Module, OptimizerArguments], torch.optim.Opti
 }
 
 
+def check_optimizer_name(name: str, option: str = "--optimizer") -> None:
+    """Refuse an optimizer ``OPTIMIZERS`` does not hold, listing those it does."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"{option} {name!r} is not known; choose one of {sorted(OPTIMIZERS)}")
+
+
 def build_optimizer(model: nn.Module, args: OptimizerArguments) -> torch.optim.Optimizer:
     """The optimizer ``args.optimizer`` names (see ``OPTIMIZERS``), over every trainable parameter once."""
-    if args.optimizer not in OPTIMIZERS:
-        raise ValueError(f"--optimizer {args.optimizer!r} is not known; choose one of {sorted(OPTIMIZERS)}")
+    check_optimizer_name(args.optimizer)
     return OPTIMIZERS[args.optimizer](model, args)
 
 
@@ -335,8 +340,7 @@ MAX_LEARNING_RATE = 10.0  # far above any rate that trains: a larger one is a ty
 def check_optimizer_arguments(args: OptimizerArguments) -> None:
     """Learning rates positive, finite and below MAX_LEARNING_RATE, weight decay finite, ratios in range (before
     any work)."""
-    if args.optimizer not in OPTIMIZERS:
-        raise ValueError(f"--optimizer {args.optimizer!r} is not known; choose one of {sorted(OPTIMIZERS)}")
+    check_optimizer_name(args.optimizer)
     for name in ("learning_rate", "muon_learning_rate"):
         value = getattr(args, name)
         if not 0 < value <= MAX_LEARNING_RATE:  # NaN fails every comparison

@@ -201,5 +201,19 @@ def test_compare_adamw_and_muon_side_by_side(tmp_path, capsys):
     last = [viz.read_metrics(tmp_path / f"optimizer-{v}")["train_loss"][-1] for v in ("adamw", "muon")]
     assert last[0] != last[1]  # same data and seed, different optimizers
     assert (tmp_path / "comparison.png").stat().st_size > 1000
-    with pytest.raises(ValueError, match="optimizer='sgd' is not known"):
+    with pytest.raises(ValueError, match="optimizer 'sgd' is not known"):
         ExperimentConfig(optimizer="sgd")
+
+
+def test_the_presets_are_json_files_of_config_fields_each_with_its_description():
+    from hf_minitx.tools.experiments import PRESET_FILES, ExperimentConfig
+
+    names = {f.name for f in dataclasses.fields(ExperimentConfig)}
+    files = {f.name.removesuffix(".json"): json.loads(f.read_text()) for f in PRESET_FILES.iterdir()
+             if f.name.endswith(".json")}
+    assert set(files) == set(PRESETS) >= {"copy", "reverse", "norm-position"}
+    for name, values in files.items():
+        assert values.pop("description").strip(), name
+        assert set(values) <= names, name
+        assert all(getattr(PRESETS[name], key) == value for key, value in values.items()), name
+    assert PRESETS["norm-position"].max_grad_norm is None and PRESETS["norm-position"].num_layers == 6
