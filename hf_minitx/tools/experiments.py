@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 import torch
 from accelerate import Accelerator
@@ -29,23 +30,28 @@ from ..cli import Interrupted
 from ..device import check_thread_count
 from ..folders import check_output_folder, replace_folder, unlock_folder
 from ..launch import process_count
-from ..models.configuration_minitx import MiniTxConfig
+from ..models.configuration_minitx import HIDDEN_ACTS, NORM_TYPES, POSITION_KINDS, MiniTxConfig
 from ..models.modeling_minitx import IGNORE_INDEX, MiniTxForConditionalGeneration
 from ..training.arguments import TrainArguments
 from ..training.end_of_run import finish, run_summary
 from ..training.evaluation import evaluate_loss
 from ..training.loop import fit
 from ..training.loss import Objective
-from ..training.optim import build_optimizer, build_scheduler, check_optimizer_name, describe_schedule
+from ..training.optim import OPTIMIZERS, build_optimizer, build_scheduler, check_optimizer_name, describe_schedule
 from ..training.state import LoopSettings, RunState, TrainingRun
 
 TASKS = ("copy", "reverse")
-# as `minitx train --lr_scheduler_type`
-SCHEDULES = ("inverse_sqrt", "constant_with_warmup", "cosine", "linear", "warmup_stable_decay")
+SCHEDULES = get_args(get_type_hints(TrainArguments)["lr_scheduler_type"])  # as `minitx train --lr_scheduler_type`
 FIRST_TOKEN = 4  # ids below are special: 0 pad, 1 bos, 2 eos, 3 kept free
 MAX_TOY_LENGTH = 512  # longest sequence of a toy task: room for any study, not for a run of hours
 MAX_TOY_SEQUENCES = 2**20  # training rows (steps x batch_size) or held-out ones: all are drawn up front, in memory
 MAX_TOY_PARAMETERS = 50_000_000  # a toy model trains on a CPU in minutes; past this it would fill memory first
+
+
+def _one_of(names: Sequence[str]) -> str:
+    """"a, b or c": the choices of a registry, for a help line that stays in step with it."""
+    names = list(names)
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
 
 
 @dataclass
@@ -62,9 +68,9 @@ class ExperimentConfig:
     num_heads: int = field(default=4, metadata={"help": "attention heads"})
     intermediate_size: int = field(default=128, metadata={"help": "feed-forward width"})
     norm_position: str = field(default="pre", metadata={"help": "pre (x + f(LN(x))) or post (LN(x + f(x)), the paper)"})
-    position_embedding_type: str = field(default="sinusoidal", metadata={"help": "sinusoidal, learned or rope"})
-    norm_type: str = field(default="layernorm", metadata={"help": "layernorm or rmsnorm"})
-    hidden_act: str = field(default="gelu", metadata={"help": "feed-forward activation: gelu, relu, relu2 or swiglu"})
+    position_embedding_type: str = field(default="sinusoidal", metadata={"help": _one_of(POSITION_KINDS)})
+    norm_type: str = field(default="layernorm", metadata={"help": _one_of(NORM_TYPES)})
+    hidden_act: str = field(default="gelu", metadata={"help": f"feed-forward activation: {_one_of(HIDDEN_ACTS)}"})
     qk_norm: bool = field(default=False, metadata={"help": "normalise each head's queries and keys"})
     final_logit_softcap: float | None = field(default=None, metadata={
         "help": "soft cap c of the logits, c·tanh(logits/c) (none: off)"})
@@ -73,11 +79,11 @@ class ExperimentConfig:
     steps: int = field(default=600, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=64, metadata={"help": "sequences per step"})
     optimizer: str = field(default="adamw", metadata={
-        "help": "adamw, or muon (Muon on the hidden matrices, AdamW on the rest)"})
+        "help": f"{_one_of(OPTIMIZERS)} (muon: Muon on the hidden matrices, AdamW on the rest)"})
     learning_rate: float = field(default=1e-3, metadata={"help": "peak learning rate (with muon: of the AdamW groups)"})
     muon_learning_rate: float = field(default=0.02, metadata={"help": "optimizer muon: peak learning rate of Muon"})
     schedule: str = field(default="inverse_sqrt", metadata={
-        "help": "inverse_sqrt (the paper), constant_with_warmup, cosine, linear or warmup_stable_decay"})
+        "help": f"{_one_of(SCHEDULES)} (inverse_sqrt: the paper's)"})
     warmup_steps: int = field(default=100, metadata={"help": "linear warmup steps"})
     label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing (paper: 0.1)"})
     max_grad_norm: float | None = field(default=1.0, metadata={"help": "gradient clipping norm (none: no clipping)"})

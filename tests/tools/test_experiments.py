@@ -217,3 +217,16 @@ def test_the_presets_are_json_files_of_config_fields_each_with_its_description()
         assert set(values) <= names, name
         assert all(getattr(PRESETS[name], key) == value for key, value in values.items()), name
     assert PRESETS["norm-position"].max_grad_norm is None and PRESETS["norm-position"].num_layers == 6
+
+
+def test_the_choice_fields_help_lists_what_the_registries_hold():
+    # a new position encoding, norm, activation, optimizer or schedule shows up in `minitx experiment --help`
+    from hf_minitx.models.configuration_minitx import HIDDEN_ACTS, NORM_TYPES, POSITION_KINDS
+    from hf_minitx.tools.experiments import SCHEDULES, ExperimentConfig
+    from hf_minitx.training.optim import OPTIMIZERS
+
+    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(ExperimentConfig)}
+    for name, registry in (("position_embedding_type", POSITION_KINDS), ("norm_type", NORM_TYPES),
+                           ("hidden_act", HIDDEN_ACTS), ("optimizer", OPTIMIZERS), ("schedule", SCHEDULES)):
+        assert registry and all(choice in helps[name] for choice in registry), name
+    assert "warmup_stable_decay" in SCHEDULES and "inverse_sqrt" in SCHEDULES
