@@ -12,16 +12,24 @@ import math
 import re
 import struct
 from pathlib import Path
+from typing import Any
 
 from .folders import describe_owner, lock_holder
 
 MODEL_TYPE = "minitx"
+MODEL_KINDS = ("causal-lm", "seq2seq")  # the two models: a decoder-only language model and an encoder-decoder
 WEIGHTS_FILE = "model.safetensors"
 # Bytes per element of each safetensors dtype.
 SAFETENSORS_ITEMSIZE = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
     "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8,
 }
+
+
+def model_kind(config: dict | Any) -> str:
+    """"seq2seq" for an encoder-decoder config (config.json read as a dict, or a config object), else "causal-lm"."""
+    encoder_decoder = config.get("is_encoder_decoder") if isinstance(config, dict) else config.is_encoder_decoder
+    return MODEL_KINDS[1] if encoder_decoder else MODEL_KINDS[0]
 
 
 class ModelFolderError(ValueError):

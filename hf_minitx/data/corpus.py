@@ -30,6 +30,7 @@ from collections.abc import Iterator
 
 from datasets import Dataset, DatasetDict, IterableDatasetDict
 
+from ..model_files import MODEL_KINDS
 from .builtin import BUILTIN_CORPORA, BUILTIN_PREFIX, get_builtin
 from .columns import SKIPPED_ROWS, normalise_columns, rows_with_text
 from .documents import SAMPLE_BY, AnyDataset, as_samples, rows_from_lines
@@ -58,7 +59,7 @@ __all__ = [
     "UndecodableText",
 ]
 
-TASKS = ("causal-lm", "seq2seq")
+TASKS = MODEL_KINDS
 TRAINING_PIECE_CHARS = 1 << 16  # a tokenizer trainer is given texts of about this size at most
 
 

@@ -17,6 +17,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import eval_results_to_model_index, model_index_to_eval_results
 
 from ..folders import SUMMARY_FILE, write_file
+from ..model_files import model_kind
 from ..models.configuration_minitx import EXTRA_PIECES, NORM_TYPES, POSITION_KINDS, PositionKind
 from .card_training import human, sanitize, training_rows
 from .folder import (
@@ -260,7 +261,7 @@ def render_model_card(
     config = _read_json(folder / "config.json")
     if config is None:
         raise ModelFolderError(f"{folder / 'config.json'} is missing; save the model into {folder} first.")
-    kind = "seq2seq" if config.get("is_encoder_decoder") else "causal-lm"
+    kind = model_kind(config)
     summary = _read_json(folder / SUMMARY_FILE)
     if summary is not None and summary.get("task") not in (None, kind):
         raise ModelFolderError(f"{folder / SUMMARY_FILE} says task={summary.get('task')!r} but "

@@ -14,15 +14,17 @@ from pathlib import Path
 
 from ..folders import SUMMARY_FILE
 from ..model_files import (
+    MODEL_KINDS,
     WEIGHTS_FILE,
     ModelFolderError,
     check_model_path,
     count_parameters,
+    model_kind,
     read_safetensors_header,
     refuse_interrupted_run,
 )
 
-KINDS = ("causal-lm", "seq2seq")
+KINDS = MODEL_KINDS
 AUTO_CLASSES = {"causal-lm": "AutoModelForCausalLM", "seq2seq": "AutoModelForSeq2SeqLM"}
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 REQUIRED_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -78,7 +80,7 @@ def _check_config(folder: Path, kind: str | None, problems: list[str]) -> tuple[
             "hf_minitx model."
         )
         return None, None
-    found = "seq2seq" if config.get("is_encoder_decoder") else "causal-lm"
+    found = model_kind(config)
     if kind is not None and kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
     if kind is not None and kind != found:

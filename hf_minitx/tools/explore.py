@@ -45,7 +45,7 @@ from ..folders import (
     write_file,
 )
 from ..inference import NON_FINITE_OUTPUTS, check_finite_weights, load_model_folder
-from ..model_files import is_interrupted_run, read_safetensors_header
+from ..model_files import is_interrupted_run, model_kind, read_safetensors_header
 from ..models import MiniTxConfig
 from ..models.positions_minitx import rope_inverse_frequencies
 from ..training.checkpoints import CHECKPOINT_PREFIX, MODEL_FILES, RUN_STATE_FILE, list_checkpoints
@@ -395,7 +395,7 @@ def explore_data(model_dir: str | Path, text: str, *, target: str | None = None,
     config = model.config
     weights_dir = model_dir if latest is None else model_dir / f"{CHECKPOINT_PREFIX}{latest}"  # what is shown
     return {
-        "kind": "seq2seq" if config.is_encoder_decoder else "causal-lm",
+        "kind": model_kind(config),
         "text": text, "target": target,
         "tokens": inputs.ids, "source": inputs.source,
         "vocab": vocabulary(_ids_shown(inputs, views), tokenizer, config),

@@ -175,3 +175,14 @@ def test_records_read_back_as_hints_are_absent_when_unreadable(tmp_path):
     assert read_summary(tmp_path) == {"steps": 3} == read_json_object(tmp_path / "training_summary.json")
     (tmp_path / "folder.json").mkdir()
     assert read_json_object(tmp_path / "folder.json") is None
+
+
+def test_the_model_kind_is_read_alike_from_config_json_and_from_a_config(folders):
+    from hf_minitx.model_files import MODEL_KINDS, model_kind, read_folder_config
+    from hf_minitx.models import MiniTxConfig
+
+    for kind in ("causal-lm", "seq2seq"):
+        config = read_folder_config(folders[kind])
+        assert model_kind(config) == kind == model_kind(MiniTxConfig(**config))
+        assert verify_model_folder(folders[kind]).kind == kind
+    assert set(MODEL_KINDS) == {"causal-lm", "seq2seq"}
