@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
+from transformers import GenerationConfig
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -410,13 +411,13 @@ def grow_in_place(cache: DynamicCache) -> None:
 # --- generate(): when to use all of the above ---------------------------------------------------------------
 
 
-def decodes_long_enough(config, kwargs: dict) -> bool:
+def decodes_long_enough(config: GenerationConfig | None, kwargs: dict) -> bool:
     """Whether a `generate()` call asks for enough new tokens (`max_new_tokens`) to repay the decode layout."""
     new_tokens = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
     return new_tokens is None or new_tokens >= DECODE_LAYOUT_MIN_NEW_TOKENS
 
 
-def weight_parts(config, kwargs: dict) -> int:
+def weight_parts(config: GenerationConfig | None, kwargs: dict) -> int:
     """Parts of the single-row weight copies (`generation_weight`): one per CPU thread, or 1 for a call with
     a static cache (asked for, or passed in), which `generate()` may compile (torch.compile turns the batched
     product of the parts into its own loop, slower than BLAS's single product)."""
@@ -426,7 +427,8 @@ def weight_parts(config, kwargs: dict) -> int:
     return 1 if static else max(1, torch.get_num_threads())
 
 
-def generate_in_decode_layout(model: nn.Module, generate: Callable[[], object], config, kwargs: dict) -> object:
+def generate_in_decode_layout(model: nn.Module, generate: Callable[[], object], config: GenerationConfig | None,
+                              kwargs: dict) -> object:
     """Run `generate()` (the `generate` callable, called with no argument) in the decode layout, then undo it.
 
     The weights take the decode layout (`set_decode_layout`) for calls long enough to repay it

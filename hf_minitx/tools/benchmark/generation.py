@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .models import build, random_ids
+from .models import BenchmarkShape, build, random_ids
 
 COMPILED_SUFFIX = "-compiled"
 SEQ2SEQ_NAMES = ("bart", "minitx-seq2seq")
@@ -56,7 +56,7 @@ def compile_config(backend: str = "inductor"):
     return config
 
 
-def generation_inputs(name: str, shape, batch: int, device: str) -> dict[str, torch.Tensor]:
+def generation_inputs(name: str, shape: BenchmarkShape, batch: int, device: str) -> dict[str, torch.Tensor]:
     """The prompt (decoder-only) or source (seq2seq) of a generation step: (batch, length) ids and mask."""
     gen = torch.Generator().manual_seed(2)
     length = shape.seq2seq_len if name.removesuffix(COMPILED_SUFFIX) in SEQ2SEQ_NAMES else shape.prompt_len
@@ -64,7 +64,7 @@ def generation_inputs(name: str, shape, batch: int, device: str) -> dict[str, to
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def generation_step(name: str, shape, batch: int, device: str = "cpu",
+def generation_step(name: str, shape: BenchmarkShape, batch: int, device: str = "cpu",
                     backend: str = "inductor") -> tuple[Callable[[], int], float | None]:
     """Return (step, compile seconds): step() runs one greedy generate() and returns the tokens made.
 
