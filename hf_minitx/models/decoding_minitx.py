@@ -412,8 +412,8 @@ def grow_in_place(cache: DynamicCache) -> None:
 
 
 def decodes_long_enough(config: GenerationConfig | None, kwargs: dict) -> bool:
-    """Whether a `generate()` call asks for enough new tokens (`max_new_tokens`) to repay the decode layout."""
-    new_tokens = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
+    """Whether a `generate()` asks for enough new tokens (`max_new_tokens`, or at most `max_length`) to repay it."""
+    new_tokens = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None)) or kwargs.get("max_length")
     return new_tokens is None or new_tokens >= DECODE_LAYOUT_MIN_NEW_TOKENS
 
 

@@ -200,6 +200,10 @@ def test_a_short_generate_call_reads_the_weights_as_stored(build, monkeypatch):
     many = model.generate(ids, max_new_tokens=long, min_new_tokens=long, **GREEDY)
     assert seen == [True] * long
     assert torch.equal(many[:, :few.shape[1]], few)
+    seen.clear()  # a max_length this short bounds the new tokens below the threshold too
+    model.generation_config.max_new_tokens = 100  # as a trained folder's; the caller's max_length bounds the call
+    model.generate(ids, max_length=short, **GREEDY)
+    assert seen and not any(seen)
 
 def test_single_row_copies_come_in_one_part_per_thread_except_for_a_static_cache():
     """A dynamic-cache call splits the single-row copies over the CPU threads (one batched product, each thread
