@@ -58,6 +58,7 @@ from .paths import (
     FolderRefused,
     check_not_under_a_file,
     describe_contents,
+    folder_path,
     holds_run_files,
     output_path,
     partial_sibling,
@@ -79,7 +80,7 @@ from .write_errors import WRITE_ERRNOS, free_mib, raw_write_error, rust_os_error
 
 __all__ = [
     "RUN_MARKER", "LOCK_FILE", "PARTIAL_SUFFIX", "WRITTEN_BY", "HTML_TAG", "RUN_FILES", "rust_os_error",
-    "SUMMARY_FILE", "read_json_object", "read_summary",
+    "SUMMARY_FILE", "read_json_object", "read_summary", "folder_path",
     "WRITE_ERRNOS", "write_errno", "write_advice", "unhidden", "raw_write_error", "free_mib",
     "weights_digest", "FolderRefused", "describe_contents", "read_marker", "output_path",
     "check_not_under_a_file", "check_output_folder", "check_replaceable", "holds_run_files", "check_apart",

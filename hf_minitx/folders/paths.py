@@ -39,6 +39,16 @@ def check_not_under_a_file(path: Path, *, option: str) -> None:
         raise NotADirectoryError(f"{option} {path}: {blocking} is a file, not a folder; choose another {option}")
 
 
+def folder_path(path: str | Path, *, option: str) -> Path:
+    """The folder ``path`` names (``output_path``), refused where it is a file or lies below one: checked before any
+    work, nothing written."""
+    folder = output_path(path, option=option)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{option} {folder} is a file, not a folder; choose another {option}")
+    check_not_under_a_file(Path(path), option=option)
+    return folder
+
+
 def make_folder(folder: Path, *, option: str, named: Path | None = None) -> None:
     """Create ``folder`` (and its parents) before any work; one that cannot be made is an error naming the part of
     the path the system refused and why (``/proc/x``: no such folder; ``/sys/run``: not permitted), and ``named``

@@ -17,10 +17,9 @@ from .paths import (
     LOCK_FILE,
     RUN_MARKER,
     FolderRefused,
-    check_not_under_a_file,
     describe_contents,
+    folder_path,
     holds_run_files,
-    output_path,
     read_marker,
 )
 
@@ -48,10 +47,7 @@ def check_output_folder(
     one that command made), unless ``overwrite_any`` (``any_flag`` names that option). ``inputs`` are
     the (option, path) pairs the command reads; ``resume_flag`` names how to continue a run the folder holds
     (offered where a run of this command is there). Nothing is written; returns the resolved folder."""
-    folder = output_path(path, option=option)
-    if folder.exists() and not folder.is_dir():
-        raise NotADirectoryError(f"{option} {folder} is a file, not a folder; give a folder path")
-    check_not_under_a_file(Path(path), option=option)
+    folder = folder_path(path, option=option)
     check_apart(folder, inputs, option=option)
     if folder.is_dir():
         check_not_locked(folder, option=option)

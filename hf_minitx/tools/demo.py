@@ -187,13 +187,10 @@ class DemoArguments:
 def main(argv: Sequence[str] | None = None) -> int:
     """`minitx demo`: the whole demo, offline; exit status 1 if the translator misses its target."""
     from ..cli import parse_arguments
-    from ..folders import check_not_under_a_file, output_path
+    from ..folders import folder_path
 
     (args,) = parse_arguments([DemoArguments], argv, prog="minitx demo", description=__doc__.split("\n\n")[0])
-    runs = output_path(args.runs_dir, option="--runs_dir")
-    if runs.exists() and not runs.is_dir():
-        raise NotADirectoryError(f"--runs_dir {runs} is a file, not a folder; choose another --runs_dir")
-    check_not_under_a_file(runs, option="--runs_dir")
+    runs = folder_path(args.runs_dir, option="--runs_dir")  # a demo run again into it goes on there: no policy
     for name, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(name, value)
     try:
