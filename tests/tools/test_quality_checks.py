@@ -117,7 +117,7 @@ def test_a_work_folder_is_new_empty_or_a_comparison_of_the_same_settings(tmp_pat
     (tmp_path / "mine" / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="is not empty and holds no quality comparison"):
         check_work_dir(tmp_path / "mine", settings)
-    with pytest.raises(ValueError, match="is a file; give a folder"):
+    with pytest.raises(NotADirectoryError, match="corpus.txt is a file, not a folder; choose another"):
         check_work_dir(corpus, settings)
     with pytest.raises(NotADirectoryError, match="corpus.txt is a file, not a folder; choose another"):
         check_work_dir(corpus / "work", settings)

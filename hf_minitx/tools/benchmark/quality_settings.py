@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...device import check_thread_count
-from ...folders import check_not_under_a_file, write_file
+from ...folders import folder_path, write_file
 
 QUALITY_CORPORA = ("builtin:kjv", "builtin:pydocs")
 SHAPE_OVERRIDES = "hidden_size={hidden},num_attention_heads={heads},num_hidden_layers={layers}"
@@ -151,9 +151,7 @@ def check_corpus(corpus: str, max_chars: int) -> None:
 
 def check_work_dir(work: Path, settings: QualitySettings) -> None:
     """A --quality_work_dir is new, empty, or one this section made for the same settings."""
-    if work.is_file():
-        raise ValueError(f"--quality_work_dir {work} is a file; give a folder")
-    check_not_under_a_file(work, option="--quality_work_dir")
+    folder_path(work, option="--quality_work_dir")
     if not work.is_dir() or not any(work.iterdir()):
         return
     marker = work / SETTINGS_FILE
