@@ -352,3 +352,14 @@ def test_a_folder_without_a_tokenizer_says_what_to_do_and_an_experiments_model_h
     err = capsys.readouterr().err
     assert "made by `minitx experiment`, whose models read token ids: `minitx explore`" in err
     assert "save the tokenizer" not in err
+
+
+def test_a_batch_of_prompts_pads_on_the_left_whatever_the_tokenizer_was_saved_with(causal_dir):
+    # a tokenizer trained on a seq2seq corpus pads on the right; a decoder-only model generates from the prompts'
+    # ends, so a batch continues each prompt as it continues alone
+    model, tokenizer = load_model_folder(causal_dir, device="cpu", dtype=torch.float32)
+    tokenizer.padding_side = "right"
+    prompts = ["a", "the cat sat on the"]
+    batched = generate(model, tokenizer, prompts, do_sample=False, max_new_tokens=6)
+    alone = [generate(model, tokenizer, [prompt], do_sample=False, max_new_tokens=6)[0] for prompt in prompts]
+    assert batched == alone

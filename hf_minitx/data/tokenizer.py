@@ -57,6 +57,11 @@ def _post_processor(add_bos: bool, add_eos: bool) -> processors.TemplateProcessi
     )
 
 
+# the side each model pads a batch on: a decoder-only model generates from the prompts' ends (left), an
+# encoder-decoder's labels are padded after them (right), as transformers' DataCollatorForSeq2Seq pads
+PADDING_SIDES = {"causal-lm": "left", "seq2seq": "right"}
+
+
 def train_bpe_tokenizer(
     texts: Iterable[str],
     vocab_size: int,
@@ -66,7 +71,7 @@ def train_bpe_tokenizer(
     add_bos_token: bool = False,
     add_eos_token: bool = False,
     show_progress: bool = False,
-    padding_side: Literal["left", "right"] = "left",
+    padding_side: Literal["left", "right"] = "left",  # PADDING_SIDES[task]
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on ``texts`` and return it as a transformers fast tokenizer.
 
@@ -286,7 +291,7 @@ def _train_and_save(args: TokenizerArguments, output_dir: Path) -> str:
         iter_training_texts(corpus["train"], max_texts=args.max_texts, seed=args.seed),
         args.vocab_size, min_frequency=args.min_frequency, model_max_length=args.model_max_length,
         add_eos_token=task == "seq2seq",  # seq2seq sources end with EOS, as training encodes them
-        padding_side="right" if task == "seq2seq" else "left",
+        padding_side=PADDING_SIDES[task],
     )
     write_folder(output_dir, lambda folder: _save_marked(tokenizer, folder))
     return (f"trained a {len(tokenizer)}-token BPE on {args.dataset} ({task}) in {time.perf_counter() - start:.1f}s; "

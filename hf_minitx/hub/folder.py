@@ -50,18 +50,22 @@ class ModelFolderInfo:
         return AUTO_CLASSES[self.kind]
 
 
-def _load_json(path: Path, problems: list[str]) -> dict | None:
-    """Read a JSON object, recording a problem that names the file when it is missing or invalid."""
+JSON_KINDS = {"list": "a list", "str": "a string", "int": "a number", "float": "a number", "bool": "true or false",
+              "NoneType": "null"}
+
+
+def _load_json(path: Path, problems: list[str], fix: str = "save the folder again with save_pretrained") -> dict | None:
+    """Read a JSON object, recording a problem that names the file when it is invalid (and ``fix``)."""
     if not path.is_file():
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError) as error:
-        problems.append(f"{path.name}: not valid JSON ({error}); save the folder again with save_pretrained.")
+        problems.append(f"{path.name}: not valid JSON ({error}); {fix}.")
         return None
     if not isinstance(data, dict):
-        problems.append(f"{path.name}: expected a JSON object, found a {type(data).__name__}; put back the file "
-                        "minitx or save_pretrained wrote.")
+        problems.append(f"{path.name}: holds {JSON_KINDS.get(type(data).__name__, 'something else')}, not a JSON "
+                        f"object; {fix}.")
         return None
     return data
 
@@ -187,7 +191,8 @@ def verify_model_folder(model_dir: str | Path, kind: str | None = None) -> Model
     code = _code_files(folder, config, problems) if config else ()
     weights, num_parameters = _check_weights(folder, config, found_kind, problems) if config else ((), 0)
     tokenizer = _check_tokenizer(folder, config, problems)
-    _load_json(folder / SUMMARY_FILE, problems)  # the card reads it: a hand-edited one is named in the user's folder
+    _load_json(folder / SUMMARY_FILE, problems,  # the card reads it: a hand-edited one is named in the user's folder
+               fix="put back the one the training run wrote, or remove it (the card then shows no training figures)")
     has_weights = (folder / WEIGHTS_FILE).is_file() or (folder / WEIGHTS_INDEX_FILE).is_file()
     if config is None and not has_weights:  # weights were not checked without a config: still say so
         problems.append(f"{WEIGHTS_FILE}: missing, so there are no weights to load.")

@@ -11,6 +11,7 @@ from functools import partial
 
 import torch
 from torch import nn
+from transformers import GenerationConfig
 from transformers.cache_utils import Cache
 from transformers.utils import logging
 
@@ -18,6 +19,8 @@ from .checks_minitx import check_labels
 from .configuration_minitx import IGNORE_INDEX
 from .decoding_minitx import CACHE_NAME, cache_argument, decode_step_inputs, generate_in_decode_layout
 from .positions_minitx import check_generation_fits
+
+DEFAULT_MAX_LENGTH = GenerationConfig().max_length  # transformers' own, when nobody asked for a length
 
 logger = logging.get_logger(__name__)
 
@@ -62,8 +65,9 @@ class MiniTxLMHeadMixin:
 
     def generate(self, *args, **kwargs):
         """transformers' `generate()`, after checking `num_beams` (0 beams otherwise fails deep inside it). An asked
-        `max_length` without `max_new_tokens` bounds the call, as with a stock model, over the `max_new_tokens` a
-        trained folder's generation_config.json holds (transformers would keep that one and warn).
+        `max_length` without `max_new_tokens` (a keyword, or a `generation_config` of the caller's) bounds the call,
+        as with a stock model, over the `max_new_tokens` a trained folder's generation_config.json holds
+        (transformers would keep that one, and warn or not).
 
         It runs in the decode layout (`decoding_minitx.generate_in_decode_layout`): the decoder reads its weights
         as decoding reads them fastest, the dynamic cache grows in place and remembers the prompt's padding for
@@ -74,7 +78,10 @@ class MiniTxLMHeadMixin:
         if beams is not None and (not isinstance(beams, int) or isinstance(beams, bool) or beams < 1):
             raise ValueError(f"generate(num_beams={beams!r}): num_beams must be an integer >= 1 "
                              "(1 = greedy or sampling, more = beam search).")
-        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs and config is self.generation_config:
+        own = config is self.generation_config
+        theirs = not own and config.max_new_tokens is None and config.max_length != DEFAULT_MAX_LENGTH
+        if "max_new_tokens" not in kwargs and (own or config.max_new_tokens is None) and (
+                kwargs.get("max_length") is not None or theirs):
             kwargs["max_new_tokens"] = None
         return generate_in_decode_layout(self, partial(super().generate, *args, **kwargs), config, kwargs)
 

@@ -71,7 +71,8 @@ def compare_devices(
     """Compare `device` against CPU float32 for each dtype; returns one DeviceCheck per dtype."""
     model_dir, device = Path(model_dir), torch.device(device)
     tokenizer, cpu_model = _load(model_dir, torch.device("cpu"), torch.float32)
-    batch = tokenizer(list(prompts), return_tensors="pt", padding=True)
+    side = "right" if cpu_model.config.is_encoder_decoder else "left"  # a decoder-only model generates from the ends
+    batch = tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side=side)
     batch = {key: batch[key] for key in ("input_ids", "attention_mask")}
     from ..inference import check_fits_positions
 

@@ -19,7 +19,7 @@ from accelerate import Accelerator
 from transformers import PreTrainedTokenizerBase
 
 from ..data.corpus import iter_training_texts
-from ..data.tokenizer import load_tokenizer, train_bpe_tokenizer
+from ..data.tokenizer import PADDING_SIDES, load_tokenizer, train_bpe_tokenizer
 from ..folders import (
     PARTIAL_SUFFIX,
     describe_contents,
@@ -77,10 +77,10 @@ def get_tokenizer(plan: RunPlan, corpus: Any, accelerator: Accelerator) -> PreTr
     """The given tokenizer folder, the one a resumed run saved, or a byte-level BPE trained on the training
     split (the main process trains it into ``tokenizer_staging``; ``claim_output_folder`` moves it in)."""
     data_args, output_dir = plan.data_args, plan.output_dir
-    if data_args.tokenizer:
-        return load_tokenizer(data_args.tokenizer)
-    if plan.checkpoint is not None and (output_dir / "tokenizer.json").is_file():
-        return load_tokenizer(str(output_dir))
+    if data_args.tokenizer or (plan.checkpoint is not None and (output_dir / "tokenizer.json").is_file()):
+        tokenizer = load_tokenizer(data_args.tokenizer or str(output_dir))
+        tokenizer.padding_side = PADDING_SIDES[data_args.task]  # this model's side, whatever corpus trained it
+        return tokenizer
     staging = tokenizer_staging(plan)
     if accelerator.is_main_process:
         accelerator.print(f"training a {data_args.tokenizer_vocab_size}-token BPE tokenizer on {data_args.dataset}")
@@ -89,7 +89,7 @@ def get_tokenizer(plan: RunPlan, corpus: Any, accelerator: Accelerator) -> PreTr
                                 max_chars=data_args.tokenizer_max_chars),
             data_args.tokenizer_vocab_size, model_max_length=plan.config.max_position_embeddings,
             add_eos_token=data_args.task == "seq2seq",  # sources end with EOS, in training and in use
-            padding_side="right" if data_args.task == "seq2seq" else "left",
+            padding_side=PADDING_SIDES[data_args.task],
         )
         shutil.rmtree(staging, ignore_errors=True)
         try:

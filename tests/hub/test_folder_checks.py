@@ -161,6 +161,8 @@ def test_a_hand_edited_training_summary_is_named_in_the_users_folder(causal_copy
     assert minitx(["push", "--model_dir", str(causal_copy), "--dry_run", str(tmp_path / "stage")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{causal_copy} is not a complete hf_minitx model folder: training_summary.json" in err[0]
+    assert "put back the one the training run wrote, or remove it" in err[0] and "save_pretrained" not in err[0]
+    assert ("holds a list, not a JSON object" in err[0]) == summary.startswith("[")
     assert not (tmp_path / "stage").exists()
 
 

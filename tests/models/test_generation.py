@@ -154,3 +154,8 @@ def test_an_asked_max_length_bounds_the_call_over_a_saved_max_new_tokens(seq2seq
     assert model.generate(ids, do_sample=False, max_length=9).shape[1] == 9
     assert model.generate(ids, do_sample=False).shape[1] == start + 30 + (1 if seq2seq else 0)
     assert model.generate(ids, do_sample=False, max_length=9, max_new_tokens=5).shape[1] == start + 5 + seq2seq
+    from transformers import GenerationConfig  # a config of the caller's that asks a length: the same
+
+    assert model.generate(ids, generation_config=GenerationConfig(max_length=9, do_sample=False)).shape[1] == 9
+    asked = GenerationConfig(max_new_tokens=3, do_sample=False)
+    assert model.generate(ids, generation_config=asked).shape[1] == start + 3 + seq2seq

@@ -202,6 +202,9 @@ def test_data_preparation_alone_and_its_settings_are_checked_first():
         run.main(["--data_prep_only", "--no_data_prep"])
     with pytest.raises(ValueError, match="--data_prep_block_size must be >= 2"):
         run.main(["--data_prep_only", "--data_prep_block_size", "1"])
+    for megabytes in ("nan", "-1", "0"):  # NaN reached int(), -1 a traceback about empty files
+        with pytest.raises(ValueError, match=f"--data_prep_mb must be a number of megabytes > 0, got {megabytes}"):
+            run.main(["--data_prep_only", "--data_prep_mb", megabytes])
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -177,12 +177,15 @@ def test_a_result_edited_by_hand_is_refused_in_one_line_and_nothing_is_written(t
         report.main(["--json", str(data), "--results_page", str(tmp_path), "--readme", str(readme)])
 
 
-def test_a_missing_results_folder_is_not_told_to_be_written_as_a_file(tmp_path):
+def test_a_missing_results_folder_is_not_told_to_be_written_as_a_file(tmp_path, monkeypatch):
     # outside a checkout the default docs/benchmark does not exist: `minitx benchmark --json docs/benchmark` would
     # write one file of that name, not the folder the report reads
     with pytest.raises(FileNotFoundError, match="no such file or folder; run from the checkout's root") as error:
-        report.main(["--json", str(tmp_path / "docs" / "benchmark")])
+        monkeypatch.chdir(tmp_path)
+        report.main([])  # the default, docs/benchmark, from a folder that is no checkout
     assert "--json FILE.json" in str(error.value)
+    with pytest.raises(FileNotFoundError, match="no such file or folder; write one with") as error:
+        report.main(["--json", str(tmp_path / "results")])
     with pytest.raises(FileNotFoundError, match=r"no such file; write it with `minitx benchmark --json .*run\.json`"):
         report.main(["--json", str(tmp_path / "run.json")])
 

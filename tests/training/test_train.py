@@ -485,6 +485,20 @@ def test_encoder_decoder_preset_with_causal_task_is_refused(tmp_path):
         main(["--preset", "base", "--task", "causal-lm", "--output_dir", str(tmp_path / "x")])
 
 
+def test_a_given_tokenizer_pads_on_the_side_of_the_model_it_trains(tmp_path, text_file):
+    # one trained on a seq2seq corpus pads on the right; the decoder-only model's folder, its evaluation samples and
+    # batched generation from it pad on the left
+    from transformers import AutoTokenizer
+
+    from hf_minitx.data.tokenizer import train_bpe_tokenizer
+
+    tokenizer = train_bpe_tokenizer(Path(text_file).read_text().splitlines(), 300, padding_side="right")
+    tokenizer.save_pretrained(tmp_path / "tok")
+    main(causal_args(text_file, tmp_path / "run", "--tokenizer", str(tmp_path / "tok"), "--max_steps", "2"))
+    assert AutoTokenizer.from_pretrained(tmp_path / "run").padding_side == "left"
+    assert AutoTokenizer.from_pretrained(tmp_path / "tok").padding_side == "right"  # the input is left as it was
+
+
 def test_seq2seq_task_on_a_text_corpus_is_refused(tmp_path, text_file):
     with pytest.raises(ValueError, match="task/dataset mismatch"):
         main(["--task", "seq2seq", "--dataset", "builtin:pydocs", "--output_dir", str(tmp_path / "x")])

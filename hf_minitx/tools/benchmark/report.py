@@ -229,10 +229,11 @@ def read_result(path: str | Path) -> dict:
     try:
         result = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        if Path(path).suffix != ".json":  # a folder of results, as the default docs/benchmark of a checkout
-            raise FileNotFoundError(f"--json {path}: no such file or folder; run from the checkout's root (its "
-                                    "docs/benchmark holds the results) or write one with `minitx benchmark --json "
-                                    "FILE.json` and pass that") from None
+        if Path(path).suffix.lower() != ".json":  # a folder of results, as the default docs/benchmark of a checkout
+            where = (f"run from the checkout's root (its {RESULTS_FOLDER} holds the results) or "
+                     if Path(path) == Path(RESULTS_FOLDER) else "")
+            raise FileNotFoundError(f"--json {path}: no such file or folder; {where}write one with `minitx benchmark "
+                                    "--json FILE.json` and pass that") from None
         raise FileNotFoundError(
             f"--json {path}: no such file; write it with `minitx benchmark --json {path}`") from None
     except ValueError as error:

@@ -18,6 +18,7 @@ import datetime
 import glob
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import sys
@@ -206,8 +207,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         raise ValueError("--no_quality and --quality_only contradict each other; give one")
     if args.data_prep_only and (args.no_data_prep or args.quality_only):
         raise ValueError("--data_prep_only contradicts --no_data_prep and --quality_only; give one")
-    if args.data_prep_block_size < 2 or args.data_prep_rounds < 1:
-        raise ValueError("--data_prep_block_size must be >= 2 and --data_prep_rounds >= 1")
+    check_at_least({"data_prep_block_size": args.data_prep_block_size}, 2)
+    check_at_least({"data_prep_rounds": args.data_prep_rounds}, 1)
+    if args.data_prep_mb is not None and not 0 < args.data_prep_mb < math.inf:  # NaN fails the comparison too
+        raise ValueError(f"--data_prep_mb must be a number of megabytes > 0, got {args.data_prep_mb}")
     data_prep_files = _expand_files(args.data_prep_files)
     seconds = args.quality_seconds if args.quality_seconds is not None else 30.0 if args.quick else 180.0
     quality = QualitySettings(seconds=seconds,
