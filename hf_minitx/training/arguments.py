@@ -17,13 +17,15 @@ from __future__ import annotations
 import difflib
 import json
 import typing
+from argparse import ArgumentTypeError
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from transformers.hf_argparser import string_to_bool
 
-from .model_presets import BOOL_WORDS, PRESET_TRAINING, read_preset
+from .model_presets import PRESET_TRAINING, read_preset
 
 DEFAULT_PRESET = "default"  # the blocks of a run without --preset (a time budget then chooses the shape)
 ARGS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
@@ -378,9 +380,12 @@ def _typed(kind: Any, value: Any) -> Any:
             return value
         raise ValueError(value)
     if kind is bool:
-        if isinstance(value, bool) or (isinstance(value, str) and value.lower() in BOOL_WORDS):
-            return value if isinstance(value, bool) else BOOL_WORDS[value.lower()]
-        raise ValueError(value)
+        if not isinstance(value, (bool, str)):
+            raise ValueError(value)
+        try:  # the words a flag takes on the command line: a file that says `compile: y` trains as `--compile y`
+            return string_to_bool(value)
+        except ArgumentTypeError:
+            raise ValueError(value) from None
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise TypeError(value)
     if kind is int:

@@ -8,20 +8,18 @@ from __future__ import annotations
 import difflib
 import json
 import typing
+from argparse import ArgumentTypeError
 from dataclasses import fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from transformers import PretrainedConfig
+from transformers.hf_argparser import string_to_bool
 
 from ..models import MiniTxConfig
 
 PRESETS = resources.files(__package__) / "presets"  # JSON files shipped inside the package
-# the words a flag takes, in an arguments file or --config_overrides as on the command line (transformers'
-# string_to_bool): a file that says `compile: y` trains as `--compile y` does
-BOOL_WORDS = {"true": True, "t": True, "yes": True, "y": True, "1": True,
-              "false": False, "f": False, "no": False, "n": False, "0": False}
 
 
 def available_presets() -> dict[str, str]:
@@ -108,15 +106,15 @@ def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
         kind = kinds[0] if len(kinds) == 1 and kinds[0] in (bool, int, float, str) else None
         try:
             if kind is bool:
-                result[name] = BOOL_WORDS[raw.lower()]
+                result[name] = string_to_bool(raw)  # the words a flag takes on the command line
             elif kind in (int, float, str):
                 result[name] = kind(raw)
             else:
                 result[name] = json.loads(raw)
-        except (KeyError, ValueError):
+        except (ArgumentTypeError, ValueError):
             raise ValueError(f"config override {name}={raw!r}: expected {getattr(kind, '__name__', 'JSON')}") from None
     return result
 
 
-__all__ = ["BOOL_WORDS", "PRESETS", "PRESET_TRAINING", "available_presets", "check_config_field", "load_preset",
+__all__ = ["PRESETS", "PRESET_TRAINING", "available_presets", "check_config_field", "load_preset",
            "parse_config_overrides", "preset_path", "read_preset"]
