@@ -14,7 +14,9 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedModel
@@ -22,15 +24,22 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, Pre
 from ..folders import output_folder, write_folder, write_marker
 from ..models.configuration_minitx import EXTRA_PIECES
 
-STOCK_TARGETS = ("qwen3", "llama", "gpt2")
-TARGETS = (*STOCK_TARGETS, "gguf")
-NAMES = {"qwen3": "Qwen3", "llama": "Llama", "gpt2": "GPT-2"}
 GPT2_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "relu2": "relu2"}  # ours -> transformers' ACT2FN name
 CHECK_TOLERANCE = 1e-4  # largest |logit difference| / max(1, largest |logit|) accepted by the export's own check
 
 
 class ExportRefused(ValueError):
     """A model whose config does not map onto the target; the message has one line per field."""
+
+
+class Requirement(NamedTuple):
+    """A config field a target can express only with some values: ``accepted``, the first of them the one a
+    refusal advises; ``advice`` is added where the whole model maps onto the target's ``sibling``."""
+
+    field: str
+    accepted: tuple[object, ...]
+    why: str
+    advice: str = ""
 
 
 def override(field_name: str, value: object) -> str:
@@ -40,38 +49,19 @@ def override(field_name: str, value: object) -> str:
 
 def _field_problems(config: PretrainedConfig, target: str, advise: bool = True) -> list[tuple[str, object, str]]:
     """(field, value, why and how) for each field of `config` that the target's architecture cannot express; with
-    ``advise``, a field that the other rotary target takes names it, where the whole model maps onto that one."""
-    name, rotary = NAMES[target], target in ("qwen3", "llama")
-    other = {"qwen3": "llama", "llama": "qwen3"}.get(target)
-    other_fits = advise and other is not None and not _field_problems(config, other, advise=False)
-    wanted: list[tuple[str, object, str]] = [("norm_position", "pre", f"{name} normalises before each sub-layer")]
-    if rotary:
-        wanted += [("position_embedding_type", "rope", f"{name} uses rotary positions"),
-                   ("norm_type", "rmsnorm", f"{name} uses RMSNorm"),
-                   ("hidden_act", "swiglu", f"{name} uses swiglu"),
-                   ("qk_norm", target == "qwen3", "Qwen3 normalises queries and keys" if target == "qwen3"
-                    else "Llama has no QK-norm" + (" (export with --to qwen3, or to GGUF with --gguf_architecture "
-                                                     "qwen3 or auto)" if other_fits else ""))]
-    else:
-        wanted += [("norm_type", "layernorm", "GPT-2 uses LayerNorm"),
-                   ("qk_norm", False, "GPT-2 has no QK-norm")]
-    if target == "qwen3":  # Llama takes biases, but no QK-norm
-        wanted.append(("attention_bias", False, "Qwen3's feed-forward has no biases (attention_bias sets them here too)"
-                       + (" (export with --to llama)" if other_fits else "")))
-    wanted.append(("final_logit_softcap", None, f"{name} does not cap its logits"))
-    problems = [(key, getattr(config, key), f"{why}; {override(key, value)}")
-                for key, value, why in wanted if getattr(config, key) != value]
-    if target == "gpt2" and config.position_embedding_type == "rope":
-        problems.append(("position_embedding_type", "rope",
-                         "GPT-2 adds a position table; " + override("position_embedding_type", "learned")))
-    if target == "gpt2" and config.hidden_act not in GPT2_ACTIVATIONS:
-        problems.append(("hidden_act", config.hidden_act, "GPT-2 has no gated feed-forward; "
-                         + override("hidden_act", "gelu")))
-    problems += [(key, True, f"{name} cannot carry {what}; {override(key, False)}")
+    ``advise``, a field that the target's sibling takes names it, where the whole model maps onto that one."""
+    spec = STOCK_TARGETS[target]
+    sibling_fits = advise and spec.sibling is not None and not _field_problems(config, spec.sibling, advise=False)
+    wanted = [Requirement("norm_position", ("pre",), f"{spec.name} normalises before each sub-layer"),
+              *spec.requirements, Requirement("final_logit_softcap", (None,), f"{spec.name} does not cap its logits")]
+    problems = [(field_name, getattr(config, field_name),
+                 f"{why}{f' {advice}' if advice and sibling_fits else ''}; {override(field_name, accepted[0])}")
+                for field_name, accepted, why, advice in wanted if getattr(config, field_name) not in accepted]
+    problems += [(key, True, f"{spec.name} cannot carry {what}; {override(key, False)}")
                  for key, what in EXTRA_PIECES.items() if getattr(config, key, False)]
     if config.scale_embeddings and config.tie_word_embeddings:
-        problems.append(("scale_embeddings", True, f"{name} does not scale embeddings, and with a tied head the scale "
-                         "cannot be folded into them; " + override("scale_embeddings", False)))
+        problems.append(("scale_embeddings", True, f"{spec.name} does not scale embeddings, and with a tied head the "
+                         "scale cannot be folded into them; " + override("scale_embeddings", False)))
     return problems
 
 
@@ -81,7 +71,7 @@ def mapping_problems(config: PretrainedConfig, target: str, skip: Iterable[str] 
     if target not in STOCK_TARGETS:
         raise ValueError(f"--to {target!r} is not a stock architecture; choose one of {', '.join(STOCK_TARGETS)}")
     if config.is_encoder_decoder:
-        return [f"is_encoder_decoder true: {NAMES[target]} is decoder-only; "
+        return [f"is_encoder_decoder true: {STOCK_TARGETS[target].name} is decoder-only; "
                 "export a model trained with --task causal-lm"]
     return [f"{key} {str(value).lower() if isinstance(value, bool) else value}: {how}"
             for key, value, how in _field_problems(config, target) if key not in set(skip)]
@@ -91,7 +81,7 @@ def check_maps(config: PretrainedConfig, target: str) -> None:
     """Refuse a config that does not map onto `target`: ExportRefused, one line per field."""
     problems = mapping_problems(config, target)
     if problems:
-        raise refusal(NAMES[target], problems)
+        raise refusal(STOCK_TARGETS[target].name, problems)
 
 
 def refusal(target_name: str, problems: list[str]) -> ExportRefused:
@@ -106,26 +96,37 @@ def refusal(target_name: str, problems: list[str]) -> ExportRefused:
                          f"{'s' if len(problems) > 1 else ''} to change):\n" + "\n".join(lines))
 
 
-def stock_config(config: PretrainedConfig, target: str) -> PretrainedConfig:
-    """The transformers config of `target` that describes the same network as the MiniTx `config`."""
+def _common_config(config: PretrainedConfig) -> dict[str, object]:
+    """The config fields every target shares with ours: the vocabulary, the tied head and the special tokens."""
     ids = {key: getattr(config, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    common = dict(vocab_size=config.vocab_size, tie_word_embeddings=config.tie_word_embeddings, **ids)
-    if target == "gpt2":
-        return AutoConfig.for_model(
-            "gpt2", n_embd=config.hidden_size, n_layer=config.num_hidden_layers, n_head=config.num_attention_heads,
-            n_inner=config.intermediate_size, n_positions=config.max_position_embeddings,
-            activation_function=GPT2_ACTIVATIONS[config.hidden_act], layer_norm_epsilon=config.layer_norm_eps,
-            resid_pdrop=config.hidden_dropout, embd_pdrop=config.hidden_dropout, attn_pdrop=config.attention_dropout,
-            initializer_range=config.initializer_range, **common)
-    extra = {"mlp_bias": config.attention_bias} if target == "llama" else {}
+    return dict(vocab_size=config.vocab_size, tie_word_embeddings=config.tie_word_embeddings, **ids)
+
+
+def _gpt2_config(config: PretrainedConfig) -> PretrainedConfig:
+    """GPT-2's config for the MiniTx `config`."""
     return AutoConfig.for_model(
-        target, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        "gpt2", n_embd=config.hidden_size, n_layer=config.num_hidden_layers, n_head=config.num_attention_heads,
+        n_inner=config.intermediate_size, n_positions=config.max_position_embeddings,
+        activation_function=GPT2_ACTIVATIONS[config.hidden_act], layer_norm_epsilon=config.layer_norm_eps,
+        resid_pdrop=config.hidden_dropout, embd_pdrop=config.hidden_dropout, attn_pdrop=config.attention_dropout,
+        initializer_range=config.initializer_range, **_common_config(config))
+
+
+def _rotary_config(model_type: str, config: PretrainedConfig, **extra: object) -> PretrainedConfig:
+    """Qwen3's or Llama's config (``model_type``) for the MiniTx `config`."""
+    return AutoConfig.for_model(
+        model_type, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
         num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
         num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim, hidden_act="silu",
         max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.layer_norm_eps,
         rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_theta)},
         attention_bias=config.attention_bias, attention_dropout=config.attention_dropout,
-        initializer_range=config.initializer_range, **extra, **common)
+        initializer_range=config.initializer_range, **extra, **_common_config(config))
+
+
+def _llama_config(config: PretrainedConfig) -> PretrainedConfig:
+    """Llama's config: Qwen3's fields, and the feed-forward's biases with the attention's (Qwen3 takes none)."""
+    return _rotary_config("llama", config, mlp_bias=config.attention_bias)
 
 
 def _embeddings(model: PreTrainedModel) -> torch.Tensor:
@@ -134,8 +135,9 @@ def _embeddings(model: PreTrainedModel) -> torch.Tensor:
     return decoder.embed_tokens.weight.detach() * decoder.embed_tokens.embed_scale
 
 
-def _rotary_state_dict(model: PreTrainedModel, target: str) -> dict[str, torch.Tensor]:
-    """Qwen3/Llama weight names -> our tensors (the SwiGLU's fc1 is `up_proj`, gate_proj the gate, fc2 `down_proj`)."""
+def _rotary_state_dict(model: PreTrainedModel, qk_norm: bool = False) -> dict[str, torch.Tensor]:
+    """Llama's weight names -> our tensors (the SwiGLU's fc1 is `up_proj`, gate_proj the gate, fc2 `down_proj`);
+    with ``qk_norm``, Qwen3's (Llama's and the per-head query and key norms)."""
     decoder, out = model.model.decoder, {}
     for index, layer in enumerate(decoder.layers):
         prefix, attention = f"model.layers.{index}.", layer.self_attn
@@ -143,7 +145,7 @@ def _rotary_state_dict(model: PreTrainedModel, target: str) -> dict[str, torch.T
                   "self_attn.v_proj": attention.v_proj, "self_attn.o_proj": attention.o_proj,
                   "mlp.gate_proj": layer.mlp.gate_proj, "mlp.up_proj": layer.mlp.fc1, "mlp.down_proj": layer.mlp.fc2,
                   "input_layernorm": layer.self_attn_layer_norm, "post_attention_layernorm": layer.mlp_layer_norm}
-        if target == "qwen3":
+        if qk_norm:
             pieces |= {"self_attn.q_norm": attention.q_norm, "self_attn.k_norm": attention.k_norm}
         for name, module in pieces.items():
             out |= {f"{prefix}{name}.{key}": value for key, value in module.state_dict().items()}
@@ -191,11 +193,58 @@ def _gpt2_state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     return out
 
 
+@dataclass(frozen=True)
+class StockTarget:
+    """A stock transformers architecture that `minitx export --to` writes: what it asks of our config (beyond the
+    pre-norm, uncapped, plain blocks every target asks), its config, and our tensors under its weight names. A new
+    target is one entry of STOCK_TARGETS and its functions."""
+
+    name: str  # as refusals and cards say it
+    requirements: tuple[Requirement, ...]
+    config: Callable[[PretrainedConfig], PretrainedConfig]
+    state_dict: Callable[[PreTrainedModel], dict[str, torch.Tensor]]  # the head apart
+    embeddings_key: str  # the token table's name, which a tied head shares
+    sibling: str | None = None  # the target a refusal may name instead, where the model maps onto it
+
+
+def _rotary(name: str, qk_norm: bool) -> tuple[Requirement, ...]:
+    """What Qwen3 (``qk_norm``) and Llama ask: rotary positions, RMSNorm, SwiGLU, QK-norm or none; Qwen3 no biases."""
+    return (Requirement("position_embedding_type", ("rope",), f"{name} uses rotary positions"),
+            Requirement("norm_type", ("rmsnorm",), f"{name} uses RMSNorm"),
+            Requirement("hidden_act", ("swiglu",), f"{name} uses swiglu"),
+            Requirement("qk_norm", (True,), "Qwen3 normalises queries and keys") if qk_norm else
+            Requirement("qk_norm", (False,), "Llama has no QK-norm",
+                        "(export with --to qwen3, or to GGUF with --gguf_architecture qwen3 or auto)"),
+            *([Requirement("attention_bias", (False,), "Qwen3's feed-forward has no biases (attention_bias sets them "
+                           "here too)", "(export with --to llama)")] if qk_norm else []))
+
+
+STOCK_TARGETS = {
+    "qwen3": StockTarget("Qwen3", _rotary("Qwen3", qk_norm=True), partial(_rotary_config, "qwen3"),
+                         partial(_rotary_state_dict, qk_norm=True), "model.embed_tokens.weight", sibling="llama"),
+    "llama": StockTarget("Llama", _rotary("Llama", qk_norm=False), _llama_config, _rotary_state_dict,
+                         "model.embed_tokens.weight", sibling="qwen3"),
+    "gpt2": StockTarget("GPT-2", (
+        Requirement("norm_type", ("layernorm",), "GPT-2 uses LayerNorm"),
+        Requirement("qk_norm", (False,), "GPT-2 has no QK-norm"),
+        Requirement("position_embedding_type", ("learned", "sinusoidal"), "GPT-2 adds a position table"),
+        Requirement("hidden_act", tuple(GPT2_ACTIVATIONS), "GPT-2 has no gated feed-forward")),
+        _gpt2_config, _gpt2_state_dict, "transformer.wte.weight"),
+}
+TARGETS = (*STOCK_TARGETS, "gguf")
+
+
+def stock_config(config: PretrainedConfig, target: str) -> PretrainedConfig:
+    """The transformers config of `target` that describes the same network as the MiniTx `config`."""
+    return STOCK_TARGETS[target].config(config)
+
+
 def stock_state_dict(model: PreTrainedModel, target: str) -> dict[str, torch.Tensor]:
     """Our causal LM's tensors under the target's weight names (the head included, tied or not)."""
-    out = _gpt2_state_dict(model) if target == "gpt2" else _rotary_state_dict(model, target)
-    embed = "transformer.wte.weight" if target == "gpt2" else "model.embed_tokens.weight"
-    out["lm_head.weight"] = out[embed] if model.config.tie_word_embeddings else model.lm_head.weight.detach()
+    spec = STOCK_TARGETS[target]
+    out = spec.state_dict(model)
+    out["lm_head.weight"] = (out[spec.embeddings_key] if model.config.tie_word_embeddings
+                             else model.lm_head.weight.detach())
     return {key: value.detach().clone().contiguous() for key, value in out.items()}
 
 
@@ -236,7 +285,7 @@ def write_card(folder: Path, *, source: str, target: str, file_name: str, keywor
                          tags=["hf_minitx", target])
     arguments = "".join(f", {key}={value!r}" for key, value in {
         **({"gguf_file": file_name} if file_name.endswith(".gguf") else {}), **(keywords or {})}.items())
-    layout = "GGUF" if file_name.endswith(".gguf") else NAMES[target]
+    layout = "GGUF" if file_name.endswith(".gguf") else STOCK_TARGETS[target].name
     text = (f"---\n{data.to_yaml()}\n---\n\n# {Path(source).name or source} ({layout})\n\n"
             f"The hf_minitx model `{source}` exported by `minitx export`: the same weights in the {layout} layout "
             f"(`{file_name}`), with its tokenizer and generation settings. It loads without hf_minitx and without "
@@ -292,9 +341,9 @@ def _saver(model: PreTrainedModel, tokenizer, source: str, args: ExportArguments
         lost = gguf_problems(model.config, target)  # said once per field: the GGUF form's reason wins
         problems = [*mapping_problems(model.config, target, skip=lost), *lost.values()]
         if problems:
-            raise refusal(f"{NAMES[target]} GGUF", problems)
+            raise refusal(f"{STOCK_TARGETS[target].name} GGUF", problems)
     stock = to_stock_model(model, target)
-    check_same_logits(model, stock, f"{NAMES[target]} model")
+    check_same_logits(model, stock, f"{STOCK_TARGETS[target].name} model")
 
     def save(folder: Path) -> None:
         if args.to == "gguf":  # the file holds the tokenizer: a tokenizer.json beside it would be read instead

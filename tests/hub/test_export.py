@@ -166,6 +166,18 @@ def test_every_mismatch_names_its_field(target):
     assert mapping_problems(MiniTxConfig(is_encoder_decoder=True), target)[0].startswith("is_encoder_decoder true")
 
 
+def test_a_gpt2_refusal_names_the_value_gpt2_takes_and_accepts_either_position_table():
+    """GPT-2 takes a learned or sinusoidal position table and an ungated activation: rotary positions and SwiGLU
+    are refused, each line naming the value that maps; a sinusoidal table is not refused."""
+    problems = mapping_problems(MiniTxConfig(**{**ROTARY, "norm_type": "layernorm"}), "gpt2")
+    by_field = {line.split(" ", 1)[0]: line for line in problems}
+    assert set(by_field) == {"position_embedding_type", "hidden_act"}
+    assert "GPT-2 adds a position table" in by_field["position_embedding_type"]
+    assert by_field["position_embedding_type"].endswith("--config_overrides position_embedding_type=learned")
+    assert by_field["hidden_act"].endswith("--config_overrides hidden_act=gelu")
+    assert mapping_problems(MiniTxConfig(position_embedding_type="sinusoidal", hidden_act="relu2"), "gpt2") == []
+
+
 def test_export_refuses_to_overwrite_unasked(exported, tmp_path):
     _, folders, _ = exported
     source = folders["llama"].parent / "src-llama"
