@@ -10,6 +10,8 @@ sync in the graph).
 """
 
 import torch
+from torch import nn
+from transformers.cache_utils import Cache
 from transformers.utils import logging
 
 from .configuration_minitx import IGNORE_INDEX, MiniTxConfig
@@ -188,6 +190,18 @@ def resolve_output_flags(
     )
 
 
+def cache_under_checkpointing(cache: Cache | None, layers: nn.ModuleList) -> Cache | None:
+    """The cache a stack's layers may write: none while gradient checkpointing recomputes them in a backward (the
+    recompute would write every key and value again), with transformers' warning; `cache` otherwise."""
+    checkpointing = len(layers) > 0 and layers[0].gradient_checkpointing and layers[0].training
+    if cache is None or not (checkpointing and torch.is_grad_enabled()):
+        return cache
+    logger.warning_once("Caching is incompatible with gradient checkpointing: the model runs without a cache "
+                        "(use_cache=False)")
+    return None
+
+
 __all__ = [
-    "check_inputs", "check_labels", "check_lengths", "check_model_kind", "encoder_padding", "resolve_output_flags",
+    "cache_under_checkpointing", "check_inputs", "check_labels", "check_lengths", "check_model_kind",
+    "encoder_padding", "resolve_output_flags",
 ]

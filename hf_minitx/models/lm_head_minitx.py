@@ -80,10 +80,17 @@ class MiniTxLMHeadMixin:
                              "(1 = greedy or sampling, more = beam search).")
         own = config is self.generation_config
         theirs = not own and config.max_new_tokens is None and config.max_length != DEFAULT_MAX_LENGTH
-        if "max_new_tokens" not in kwargs and (own or config.max_new_tokens is None) and (
-                kwargs.get("max_length") is not None or theirs):
+        bounded = "max_new_tokens" not in kwargs and (own or config.max_new_tokens is None) and (
+            kwargs.get("max_length") is not None or theirs)
+        saved = self.generation_config.max_new_tokens
+        if bounded and own:
             kwargs["max_new_tokens"] = None
-        return generate_in_decode_layout(self, partial(super().generate, *args, **kwargs), config, kwargs)
+        elif bounded:  # transformers fills a caller's unset fields from ours: no saved one for this call (a keyword
+            self.generation_config.max_new_tokens = None  # beside a generation_config would be warned about)
+        try:
+            return generate_in_decode_layout(self, partial(super().generate, *args, **kwargs), config, kwargs)
+        finally:
+            self.generation_config.max_new_tokens = saved
 
     def _validate_generated_length(self, generation_config, input_ids_length: int, has_default_max_length: bool):
         """transformers' length checks, then the position table's: a `max_new_tokens` that would run past

@@ -28,6 +28,7 @@ from transformers.modeling_outputs import (
 
 from .attention_minitx import cross_attention_mask, self_attention_mask
 from .checks_minitx import (
+    cache_under_checkpointing,
     check_inputs,
     check_labels,
     check_lengths,
@@ -83,6 +84,12 @@ class MiniTxPreTrainedModel(PreTrainedModel):
         """
         self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
         super().save_pretrained(save_directory, *args, **kwargs)
+
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """transformers' count; ``exclude_embeddings`` leaves out a learned position table too, as GPT-2's `wpe`."""
+        tables = {id(m.weight): m.weight for m in self.modules() if isinstance(m, MiniTxPositionalEmbedding)
+                  and m.learned and exclude_embeddings and (m.weight.requires_grad or not only_trainable)}
+        return super().num_parameters(only_trainable, exclude_embeddings) - sum(t.numel() for t in tables.values())
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -143,14 +150,9 @@ class MiniTxStack(nn.Module):
         """(batch, seq) token ids -> (batch, seq, hidden) scaled token embeddings (ids checked by `check_inputs`)."""
         return self.embed_tokens(input_ids)
 
-    def input_padding(
-        self,
-        input_ids: torch.LongTensor | None,
-        attention_mask: torch.Tensor | None,
-        inputs_embeds: torch.Tensor | None,
-        encoder_attention_mask: torch.Tensor | None,
-        cache: Cache | None,
-    ) -> tuple[bool | None, bool | None]:
+    def input_padding(self, input_ids: torch.LongTensor | None, attention_mask: torch.Tensor | None,
+                      inputs_embeds: torch.Tensor | None, encoder_attention_mask: torch.Tensor | None,
+                      cache: Cache | None) -> tuple[bool | None, bool | None]:
         """Check the inputs (`check_inputs`); return whether the attention mask and the encoder's mask pad
         (None: not known, under torch.compile, and the masks are built as if they padded).
 
@@ -218,6 +220,7 @@ class MiniTxStack(nn.Module):
             self.config, output_attentions, output_hidden_states, return_dict)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        cache = cache_under_checkpointing(cache, self.layers)
         self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         padding = self.input_padding(input_ids, attention_mask, inputs_embeds, encoder_attention_mask, self_cache)
         if inputs_embeds is None:

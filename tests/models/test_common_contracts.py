@@ -165,7 +165,11 @@ def test_num_parameters_counts_each_tensor_once(kind):
     model = build(kind)
     unique = {p.data_ptr(): p.numel() for p in model.parameters()}
     assert model.num_parameters() == sum(unique.values())
-    assert model.num_parameters(exclude_embeddings=True) == model.num_parameters() - 64 * 32  # the token table
+    tables = 1 if kind == "causal" else 2  # learned position tables: the decoder's, and a seq2seq encoder's
+    # as GPT-2 (wte and wpe): the token table and the learned position tables, 64 rows of 32 each
+    assert model.num_parameters(exclude_embeddings=True) == model.num_parameters() - 64 * 32 * (1 + tables)
+    assert build(kind, position_embedding_type="rope").num_parameters(exclude_embeddings=True) == (
+        model.num_parameters(exclude_embeddings=True))  # rotary positions have no parameters
     model.get_input_embeddings().weight.requires_grad_(False)
     assert model.num_parameters(only_trainable=True) == model.num_parameters() - 64 * 32
 
@@ -216,6 +220,28 @@ def test_seq2seq_activation_checkpointing_gives_the_same_gradients(reentrant):
         torch.testing.assert_close(p.grad, plain[name], atol=1e-6, rtol=1e-5, msg=name)
     model.activation_checkpointing_disable()
     assert not any(m.gradient_checkpointing for m in layers) and not model.is_activation_checkpointing
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_use_cache_under_activation_checkpointing_trains_without_a_cache(kind, attention):
+    """As transformers' models: a training call that asks for a cache under checkpointing runs without one (the
+    recompute would write every key and value a second time), with the gradients of a call without checkpointing."""
+    model = build(kind, attn_implementation=attention).train()
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[0, :2] = 0  # a padded row: the doubled cache gave keys twice as long as the mask
+    inputs = {**batch(kind), "attention_mask": mask, "labels": random_ids(2, 6, seed=2)}
+    model(**inputs).loss.backward()
+    plain = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    model.activation_checkpointing_enable()
+    out = model(**inputs, use_cache=True)
+    out.loss.backward()
+    assert out.past_key_values is None
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, plain[name], atol=1e-6, rtol=1e-5, msg=name)
+    model.eval()  # evaluation keeps its cache
+    assert model(**batch(kind), use_cache=True).past_key_values.get_seq_length() == 6
 
 
 @pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope"])

@@ -143,7 +143,7 @@ def test_rotary_positions_have_no_generation_limit():
 
 
 @pytest.mark.parametrize("seq2seq", [False, True])
-def test_an_asked_max_length_bounds_the_call_over_a_saved_max_new_tokens(seq2seq):
+def test_an_asked_max_length_bounds_the_call_over_a_saved_max_new_tokens(seq2seq, monkeypatch):
     # `minitx train` saves max_new_tokens in generation_config.json; a caller's max_length (Seq2SeqTrainer's
     # generation_max_length, a pipeline's) bounds the call as it would a stock model's
     model = (tiny_seq2seq() if seq2seq else tiny_causal()).eval()
@@ -156,6 +156,11 @@ def test_an_asked_max_length_bounds_the_call_over_a_saved_max_new_tokens(seq2seq
     assert model.generate(ids, do_sample=False, max_length=9, max_new_tokens=5).shape[1] == start + 5 + seq2seq
     from transformers import GenerationConfig  # a config of the caller's that asks a length: the same
 
+    import transformers.generation.utils
+
+    warned = []  # a config passed alone is no "generation_config together with generation arguments"
+    monkeypatch.setattr(transformers.generation.utils.logger, "warning_once", lambda *a, **k: warned.append(a))
     assert model.generate(ids, generation_config=GenerationConfig(max_length=9, do_sample=False)).shape[1] == 9
+    assert not warned and model.generation_config.max_new_tokens == 30  # the saved one is back after the call
     asked = GenerationConfig(max_new_tokens=3, do_sample=False)
     assert model.generate(ids, generation_config=asked).shape[1] == start + 3 + seq2seq
