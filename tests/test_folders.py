@@ -21,6 +21,7 @@ from hf_minitx.folders import (
     FolderRefused,
     check_output_file,
     check_output_folder,
+    honour_umask,
     html_written_by_us,
     lock_folder,
     output_folder,
@@ -276,3 +277,35 @@ def test_the_digest_of_a_checkpoint_with_bin_weights_names_them():
         (Path(folder) / "model.safetensors").write_bytes(b"weights")  # safetensors, where there are any
         assert weights_digest(Path(folder)) not in (empty, first)
 
+
+
+def test_a_folder_written_holds_its_weights_with_the_umasks_mode(tmp_path):
+    """safetensors writes its files 0600; the folder's files all get the mode the umask gives, private or not."""
+    import torch
+    from safetensors.torch import save_file
+
+    def fill(folder: Path) -> None:
+        save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))
+        (folder / "config.json").write_text("{}")
+
+    before = os.umask(0o022)
+    try:
+        write_folder(tmp_path / "shared", fill)
+        assert {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "shared").iterdir()} == {
+            "model.safetensors": 0o644, "config.json": 0o644}
+        os.umask(0o077)
+        write_folder(tmp_path / "private", fill)
+        assert {p.stat().st_mode & 0o777 for p in (tmp_path / "private").iterdir()} == {0o600}
+        (tmp_path / "private" / "config.json").chmod(0o640)  # a mode set on purpose is left as it is
+        honour_umask(tmp_path / "private")
+        assert (tmp_path / "private" / "config.json").stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(before)
+
+
+def test_an_output_file_named_through_a_missing_folder_and_back_makes_no_folder(tmp_path, monkeypatch):
+    """`--out .hidden/../page.html` is page.html: writing it leaves no empty .hidden behind."""
+    monkeypatch.chdir(tmp_path)
+    out = check_output_file(".hidden/../page.html", overwrite=False, option="--out", is_ours=html_written_by_us)
+    write_file(out, lambda tmp: tmp.write_text("<html></html>"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["page.html"]

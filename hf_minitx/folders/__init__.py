@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from .atomic import (
     drop_set_aside,
+    honour_umask,
     move_files_into,
     put_back,
     replace_folder,
@@ -87,5 +88,5 @@ __all__ = [
     "check_inputs_outside", "launch_id", "describe_owner", "lock_holder", "check_not_locked", "lock_path",
     "lock_folder", "unlock_folder", "holding_lock", "output_folder", "check_marker", "replace_folder",
     "write_marker", "put_back", "drop_set_aside", "partial_sibling", "write_file", "write_folder",
-    "move_files_into", "check_output_file", "html_written_by_us",
+    "move_files_into", "check_output_file", "html_written_by_us", "honour_umask",
 ]

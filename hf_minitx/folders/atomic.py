@@ -122,6 +122,16 @@ def write_file(path: Path, fill: Callable[[Path], Any]) -> Path:
     return path
 
 
+def honour_umask(folder: Path) -> None:
+    """Give the files of ``folder`` written 0600 (safetensors writes its files through a private temporary) the
+    mode the umask gives any other file, so that a model folder is readable as a whole or not at all."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 == 0o600:
+            path.chmod(0o666 & ~mask)
+
+
 def write_folder(folder: Path, fill: Callable[[Path], Any]) -> Path:
     """``fill(tmp)`` writes a complete folder next to ``folder``, which then takes its place.
 
@@ -135,6 +145,7 @@ def write_folder(folder: Path, fill: Callable[[Path], Any]) -> Path:
     try:
         tmp.mkdir(parents=True)
         fill(tmp)
+        honour_umask(tmp)
         if mount:
             _empty_in_place(folder, keep=(tmp.name, LOCK_FILE))
             move_files_into(tmp, folder)

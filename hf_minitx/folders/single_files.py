@@ -18,8 +18,8 @@ def check_output_file(path: str | Path, *, overwrite: bool, option: str, is_ours
     Returns the path (its missing parent folders are made when it is written); a symlink is resolved to the file it
     names, as a linked folder is, so that writing replaces that file and leaves the link in place."""
     out = Path(path).expanduser()
-    if out.is_symlink():  # a link to an earlier page stays a link: the page it points to is replaced
-        out = out.resolve()
+    if out.is_symlink() or ".." in out.parts:  # a link to an earlier page stays a link: the page it points to is
+        out = out.resolve()  # replaced; `a/../b` is b, so no folder a is made on the way
     if out.is_dir():
         raise IsADirectoryError(f"{option} {out} is a folder; give a file path")
     check_not_under_a_file(out, option=option)

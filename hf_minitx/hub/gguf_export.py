@@ -30,8 +30,8 @@ def gguf_architecture(config: PretrainedConfig, asked: str) -> str:
 
 def gguf_problems(config: PretrainedConfig, architecture: str) -> dict[str, str]:
     """Field -> line for the fields that the stock architecture takes but its GGUF form loses (transformers'
-    reader sets no biases)."""
-    if config.attention_bias:
+    reader sets no biases). An encoder-decoder maps onto no architecture at all: nothing to add."""
+    if config.attention_bias and not config.is_encoder_decoder:
         return {"attention_bias": f"attention_bias true: the {architecture} GGUF form has no biases; train with "
                                   "--config_overrides attention_bias=false"}
     return {}

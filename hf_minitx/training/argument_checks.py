@@ -157,6 +157,24 @@ def check_stream_length(train_args: TrainArguments) -> None:
                          "from")
 
 
+def check_one_batch(rows: int, global_batch: int, task: str, block_size: int, window: int) -> None:
+    """The training split fills one global batch (``rows`` packed blocks or pairs, ``window`` > 0: shifted windows,
+    where the last block only continues the others), said in the units the user can change."""
+    usable = rows - 1 if window else rows
+    if usable >= global_batch:
+        return
+    batch = f"a global batch of {global_batch} (--per_device_train_batch_size x processes)"
+    if task != "causal-lm":
+        raise ValueError(f"the training split has {rows} pairs, fewer than {batch}; give more pairs"
+                         + (" or a smaller --per_device_train_batch_size" if global_batch > 1 else ""))
+    blocks = f"{rows} block{'s' if rows != 1 else ''}"
+    raise ValueError(f"the training text packs into {blocks} of --block_size {block_size} tokens, and {batch} needs "
+                     f"{global_batch + 1 if window else global_batch}" + (" (a shifted window reads on into the next "
+                                                                          "block)" if window else "")
+                     + "; give more text, or a smaller --block_size"
+                     + (" or --per_device_train_batch_size" if global_batch > 1 else ""))
+
+
 def check_accumulation_window(accumulation_steps: int, batches_per_epoch: int | None) -> None:
     """One optimizer step reads the training split at most once: its window of micro-batches is gathered whole
     before the backward (the loss is divided by the window's token count), so a longer window would hold the split

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..folders import SUMMARY_FILE, write_file
+from ..folders import SUMMARY_FILE, honour_umask, write_file
 
 METRICS_FILE = "metrics.jsonl"
 LOSS_CURVE_FILE = "loss_curve.png"
@@ -172,4 +172,5 @@ def save_final_model(
         tokenizer.save_pretrained(output_dir)
     summary = {**summary, "final_metrics": {k: _clean(v) for k, v in summary["final_metrics"].items()}}
     (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    honour_umask(output_dir)
     return output_dir

@@ -25,7 +25,7 @@ from ..device import keep_freed_memory, pick_device
 from ..hub.card_training import describe_shape_candidates
 from ..inference import non_finite_weights
 from ..models import MiniTxConfig, MiniTxForCausalLM, MiniTxForConditionalGeneration
-from .argument_checks import check_accumulation_window
+from .argument_checks import check_accumulation_window, check_one_batch
 from .arguments import DEFAULT_PRESET, TrainArguments
 from .best import BestWeights
 from .budget import TimeBudget, every
@@ -68,6 +68,9 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
         check_teacher_vocabulary(train_args.distill_from, tokenizer)
     with accelerator.main_process_first():
         data = prepare_data(corpus, tokenizer, plan)
+    if not plan.data_args.streaming:
+        check_one_batch(len(data.train), train_args.per_device_train_batch_size * accelerator.num_processes,
+                        plan.data_args.task, plan.data_args.block_size, shift_window(plan))
     batches_per_epoch = None if plan.data_args.streaming else StepIndexedBatchSampler(
         len(data.train), train_args.per_device_train_batch_size, num_processes=accelerator.num_processes,
         window=shift_window(plan),

@@ -48,8 +48,11 @@ class StopSignals:
         # a launcher (torchrun) sends SIGTERM right after the terminal's SIGINT: the same stop, not a second one;
         # Ctrl-C again, or any signal a moment later, is a second one
         repeated = not first and (signum == self.received or time.monotonic() - self.received_at > SAME_STOP_SECONDS)
-        if repeated and self.quit_on_second:
-            os._exit(128 + signum)  # nothing half-written is left by design, so quit now
+        if repeated and self.quit_on_second:  # nothing half-written is left by design, so quit now
+            if is_first_process(on_this_machine=True):
+                print(f"\n{signal.Signals(signum).name} again: quitting at once, without saving; the last checkpoint, "
+                      "if any, continues with --resume_from_checkpoint latest", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
         if first:
             self.received, self.received_at = signum, time.monotonic()
         elif self.quit_on_second:

@@ -292,6 +292,23 @@ def test_gguf_refuses_a_gpt2_style_model_naming_the_fields(tmp_path, tokenizer):
     assert [line.split(" ")[1] for line in lines[1:]].count("attention_bias") == 1  # each field said once
 
 
+def test_a_seq2seq_model_is_refused_by_gguf_for_its_kind_alone(tmp_path, tokenizer):
+    """An encoder-decoder maps onto no target: the refusal says so, with no field advice that could not help."""
+    from hf_minitx import MiniTxForConditionalGeneration
+
+    pytest.importorskip("gguf")
+    MiniTxForConditionalGeneration(MiniTxConfig(is_encoder_decoder=True, vocab_size=len(tokenizer), hidden_size=32,
+                                                num_hidden_layers=1, num_attention_heads=2, attention_bias=True,
+                                                max_position_embeddings=32)).save_pretrained(tmp_path / "src")
+    tokenizer.save_pretrained(tmp_path / "src")
+    for target in ("gguf", "qwen3"):
+        with pytest.raises(ExportRefused) as refused:
+            main(["--model", str(tmp_path / "src"), "--to", target, "--output_dir", str(tmp_path / target)])
+        lines = str(refused.value).splitlines()
+        assert len(lines) == 2 and lines[1].startswith("(1) is_encoder_decoder true:"), lines
+        assert not (tmp_path / target).exists()
+
+
 def test_a_gguf_option_with_a_stock_target_is_refused_and_a_llama_gguf_names_the_qwen3_form(tmp_path, tokenizer):
     save_source(tmp_path / "src", tokenizer, **SOURCES["qwen3"][1])
     for option in (["--gguf_type", "f16"], ["--gguf_architecture", "llama"], ["--gguf_type", "f32"]):

@@ -154,9 +154,8 @@ def test_an_asked_max_length_bounds_the_call_over_a_saved_max_new_tokens(seq2seq
     assert model.generate(ids, do_sample=False, max_length=9).shape[1] == 9
     assert model.generate(ids, do_sample=False).shape[1] == start + 30 + (1 if seq2seq else 0)
     assert model.generate(ids, do_sample=False, max_length=9, max_new_tokens=5).shape[1] == start + 5 + seq2seq
-    from transformers import GenerationConfig  # a config of the caller's that asks a length: the same
-
     import transformers.generation.utils
+    from transformers import GenerationConfig  # a config of the caller's that asks a length: the same
 
     warned = []  # a config passed alone is no "generation_config together with generation arguments"
     monkeypatch.setattr(transformers.generation.utils.logger, "warning_once", lambda *a, **k: warned.append(a))

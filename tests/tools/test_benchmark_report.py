@@ -175,6 +175,10 @@ def test_a_result_edited_by_hand_is_refused_in_one_line_and_nothing_is_written(t
     data.write_text(json.dumps(results()))
     with pytest.raises(IsADirectoryError, match="is a folder; pass the Markdown file"):  # said "no such file"
         report.main(["--json", str(data), "--results_page", str(tmp_path), "--readme", str(readme)])
+    with pytest.raises(FileNotFoundError) as missing:  # a page the user named: no "run from the checkout's root"
+        report.main(["--json", str(data), "--results_page", str(tmp_path / "res.md"), "--readme", str(readme)])
+    assert str(missing.value) == (f"--results_page {tmp_path / 'res.md'}: no such file; pass a Markdown page that "
+                                  "exists and holds the markers of the part to rewrite")
 
 
 def test_a_missing_results_folder_is_not_told_to_be_written_as_a_file(tmp_path, monkeypatch):

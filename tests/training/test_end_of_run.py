@@ -144,6 +144,20 @@ def test_a_signal_during_the_temperature_fit_finishes_the_run_then_says_so(
     assert_same_weights(five_steps, out)  # the model an uninterrupted run saves
 
 
+def test_a_second_ctrl_c_during_the_steps_quits_at_once_and_says_so(text_file, tmp_path):  # noqa: F811
+    out = tmp_path / "run"
+    process = run_paused(["train", *causal_args(text_file, out, *FIVE)], "final-eval")
+    assert any(line.strip() == "PAUSED" for line in iter(process.stdout.readline, ""))
+    process.send_signal(signal.SIGINT)
+    time.sleep(1.5)  # past the window in which a launcher's echo of the first signal is not a second one
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "SIGINT again: quitting at once, without saving; the last checkpoint, if any, continues with " \
+           "--resume_from_checkpoint latest" in stderr and "Traceback" not in stderr
+    assert (out / "checkpoint-4").is_dir() and not (out / "training_summary.json").exists()
+
+
 def test_a_second_ctrl_c_during_the_final_save_still_completes_it(text_file, tmp_path, capsys):  # noqa: F811
     out = tmp_path / "run"  # no checkpoints: the final save is the only copy of the run
     process = run_paused(["train", *causal_args(text_file, out, "--max_steps", "3")], "final-save")

@@ -186,6 +186,8 @@ def test_saved_folder_loads_with_auto_classes_and_generates(causal_run):
     for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
                  "modeling_minitx.py", "training_summary.json", "loss_curve.png", "README.md"):
         assert (causal_run / name).is_file(), name
+    modes = {(path.stat().st_mode & 0o777) for path in causal_run.iterdir() if path.is_file()}
+    assert len(modes) == 1, modes  # the weights as readable as the rest (safetensors alone writes them 0600)
     config = json.loads((causal_run / "config.json").read_text())
     assert config["auto_map"]["AutoModelForCausalLM"].endswith("MiniTxForCausalLM")
     model = AutoModelForCausalLM.from_pretrained(causal_run)

@@ -71,6 +71,22 @@ def test_batch_larger_than_the_data_is_refused():
         StepIndexedBatchSampler(10, 8, num_processes=2)
 
 
+def test_a_text_shorter_than_a_batch_of_blocks_is_refused_in_blocks_before_any_write(tmp_path, capsys):
+    """A batch of one that the text cannot fill names the block size, not the batch size it cannot lower."""
+    from hf_minitx.cli import main
+
+    text = tmp_path / "short.txt"
+    text.write_text("\n".join(f"line {i}" for i in range(40)), encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["train", "--dataset", str(text), "--preset", "tiny", "--tokenizer_vocab_size", "300",
+                 "--per_device_train_batch_size", "1", "--max_steps", "1", "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "packs into 1 block of --block_size 128 tokens, and a global batch of 1" in err
+    assert "needs 2 (a shifted window reads on into the next block)" in err
+    assert "a smaller --block_size" in err and "--per_device_train_batch_size" not in err.split("needs")[1]
+    assert not out.exists()
+
+
 def test_summed_loss_is_the_mean_loss_times_the_token_count():
     torch.manual_seed(0)
     logits = torch.randn(3, 7, 11)

@@ -252,19 +252,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         "Render docs/benchmark-results.md's tables and README.md's headline from `minitx benchmark --json`."))
     results = read_results(args.json)
     try:
-        updates = [(Path(args.results_page), PAGE_BLOCK, render_pages(results)),
-                   (Path(args.readme), HEADLINE_BLOCK, render_headline(results))]
+        updates = [("--results_page", args.results_page, PAGE_BLOCK, render_pages(results)),
+                   ("--readme", args.readme, HEADLINE_BLOCK, render_headline(results))]
     except (KeyError, TypeError, AttributeError, IndexError) as error:  # a file edited by hand, or another tool's
         raise ValueError(f"--json {' '.join(args.json)}: a field is missing or of the wrong kind "
                          f"({type(error).__name__}: {error}); write the results again with `minitx benchmark --json "
                          "FILE`") from None
     new_texts = {}
-    for path, block, body in updates:  # every file checked before any is written
+    for flag, name, block, body in updates:  # every file checked before any is written
+        path = Path(name)
         if path.is_dir():
-            raise IsADirectoryError(f"{path} is a folder; pass the Markdown file to rewrite")
+            raise IsADirectoryError(f"{flag} {path} is a folder; pass the Markdown file to rewrite")
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such file; run from the checkout's root or pass --results_page / "
-                                    "--readme")
+            default = name == getattr(ReportArguments, flag.lstrip("-"))
+            raise FileNotFoundError(f"{flag} {path}: no such file; " + (
+                f"run from the checkout's root or pass {flag}" if default else
+                "pass a Markdown page that exists and holds the markers of the part to rewrite"))
         try:
             new_texts[path] = replace_block(path.read_text(encoding="utf-8"), block, body)
         except ValueError as error:
