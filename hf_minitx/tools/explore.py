@@ -261,10 +261,11 @@ def _stacked(per_layer: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def top_tokens(logits: torch.Tensor, k: int) -> list[list[list[float]]]:
-    """(positions, vocab) logits -> per position, [[id, probability], ...] of the k most likely tokens."""
+    """(positions, vocab) logits -> per position, [[id, probability], ...] of the k most likely tokens, each to 3
+    significant digits (an early checkpoint's are all under 0.001)."""
     probs = torch.softmax(logits.float(), dim=-1)
     values, ids = probs.topk(min(k, probs.shape[-1]), dim=-1)  # (positions, k)
-    return [[[int(i), round(float(p), 3)] for i, p in zip(row_ids, row_p, strict=True)]
+    return [[[int(i), float(f"{p:.3g}")] for i, p in zip(row_ids, row_p, strict=True)]
             for row_ids, row_p in zip(ids.tolist(), values.tolist(), strict=True)]
 
 

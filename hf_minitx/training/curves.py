@@ -58,12 +58,13 @@ def plot_training(
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (label, d) in enumerate(data.items()):
         color = colors[i % len(colors)]
-        loss_ax.plot(d["train_step"], d["train_loss"], color=color, alpha=0.8, label=f"{label} train")
+        lone = {"marker": "o", "markersize": 4} if d["train_step"].size == 1 else {}  # one point draws no line
+        loss_ax.plot(d["train_step"], d["train_loss"], color=color, alpha=0.8, label=f"{label} train", **lone)
         if d["eval_step"].size:
             loss_ax.plot(d["eval_step"], d["eval_loss"], color=color, linestyle="--", marker="o", markersize=3,
                          label=f"{label} validation")
-        lr_ax.plot(d["train_step"], d["learning_rate"], color=color, label=label)
-        speed_ax.plot(d["train_step"], d["tokens_per_second"], color=color, label=label)
+        lr_ax.plot(d["train_step"], d["learning_rate"], color=color, label=label, **lone)
+        speed_ax.plot(d["train_step"], d["tokens_per_second"], color=color, label=label, **lone)
         if metric and metric in d:
             metric_ax.plot(d["eval_step"], d[metric], color=color, marker="o", markersize=3, label=label)
     loss_ax.set(title="Loss (solid: train, dashed: validation)", xlabel="step", ylabel="cross-entropy")

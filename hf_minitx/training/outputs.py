@@ -17,6 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..folders import SUMMARY_FILE, honour_umask, write_file
 
 METRICS_FILE = "metrics.jsonl"
+CALIBRATED = "temperature"  # the key of the eval record of a model with its fitted temperature
 LOSS_CURVE_FILE = "loss_curve.png"
 
 
@@ -43,7 +44,9 @@ def read_metrics(run_dir: str | Path) -> dict[str, np.ndarray]:
     """Read metrics.jsonl (a run folder or the file itself) into arrays.
 
     Returns "train_step", "train_loss", "learning_rate", "tokens_per_second", "eval_step", "eval_loss",
-    and "eval_<metric>" arrays for every other numeric field of the eval records (NaN where missing).
+    and "eval_<metric>" arrays for every other numeric field of the eval records (NaN where missing). The record of
+    the model with its fitted temperature (`CALIBRATED`, after the last step) is left out: it scores other logits
+    than training made, and the summary and the card report it.
     """
     path = Path(run_dir)
     path = path / METRICS_FILE if path.is_dir() else path
@@ -65,7 +68,7 @@ def read_metrics(run_dir: str | Path) -> dict[str, np.ndarray]:
                              "object.") from err
         if record.get("type") == "train":
             train.append(record)
-        elif record.get("type") == "eval":
+        elif record.get("type") == "eval" and CALIBRATED not in record:
             evals.append(record)
     if not train:
         raise ValueError(f"{path} has no train records ({{'type': 'train', ...}}); did the run log any step?")
@@ -85,9 +88,6 @@ def read_metrics(run_dir: str | Path) -> dict[str, np.ndarray]:
     for key in extra:
         data.setdefault(key, column(evals, key))
     return data
-
-
-CALIBRATED = "temperature"  # the key of the eval record of a model with its fitted temperature
 
 
 def truncate_metrics(output_dir: str | Path, step: int) -> None:

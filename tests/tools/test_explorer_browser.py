@@ -264,3 +264,30 @@ def test_tabs_and_line_breaks_are_shown_escaped_and_spaces_as_dots(page, browser
     browser.get(out.as_uri())
     chips = "".join(e.text for e in browser.find_elements(By.CSS_SELECTOR, "#tokens .tok"))
     assert chips == "the\\tquick\\r\\nfox\u00b7\\\\t", chips  # a written backslash and t is not a tab
+
+
+def test_a_run_that_logged_only_its_last_step_still_spreads_the_checkpoints(page, browser, tmp_path):
+    """A short run logs its train loss once, at the end: the curve shows it as a dot, the axis spans the
+    checkpoints, so the marker moves with the slider; the calibrated model's evaluation is no curve point."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    from hf_minitx.cli import main as minitx
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(os.environ.get("MINITX_EXPLORE_RUN") or page.parent / "run"), run)
+    last = max(int(p.name.split("-")[1]) for p in run.glob("checkpoint-*"))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"type": "train", "step": last, "loss": 7.9}, {"type": "eval", "step": last, "eval_loss": 7.6},
+        {"type": "eval", "step": last, "temperature": 0.5, "eval_loss": 7.2})))
+    out = tmp_path / "short.html"
+    assert minitx(["explore", "--model", str(run), "--run", str(run), "--text", "the quick", "--out", str(out)]) == 0
+    assert page_data(out)["loss"] == {"train": [[last, 7.9]], "eval": [[last, 7.6]]}
+    browser.get(out.as_uri())
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#loss circle")) == 2  # train and validation, one dot each
+    slider = browser.find_element(By.ID, "step")
+    slider.send_keys(Keys.HOME)
+    xs = [browser.find_element(By.ID, "current-step").get_attribute("x1")]
+    slider.send_keys(Keys.END)
+    xs.append(browser.find_element(By.ID, "current-step").get_attribute("x1"))
+    assert float(xs[0]) < float(xs[1]), xs

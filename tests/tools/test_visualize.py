@@ -236,6 +236,21 @@ def test_training_curves_read_every_record(tmp_path):
     assert png_size(out) == (1200, 800)
 
 
+def test_a_run_of_one_logged_step_is_drawn_as_points(tmp_path, monkeypatch):
+    """A line through one point draws nothing: a run that logged one step gets markers, a longer one keeps lines."""
+    import hf_minitx.training.curves as curves
+
+    drawn = {}
+    monkeypatch.setattr(curves, "save_figure", lambda fig, out: drawn.setdefault("fig", fig))
+    runs = {"one": write_metrics(tmp_path / "one", [3.0]), "two": write_metrics(tmp_path / "two", [3.0, 2.0])}
+    viz.plot_training(runs, tmp_path / "c.png")
+    loss_ax, lr_ax, speed_ax, _ = drawn["fig"].axes
+    for ax in (loss_ax, lr_ax, speed_ax):
+        markers = {line.get_label().split(" ")[0]: line.get_marker() for line in ax.lines
+                   if not line.get_label().endswith("validation")}
+        assert markers == {"one": "o", "two": "None"}, (ax.get_title(), markers)
+
+
 def test_training_curves_side_by_side(tmp_path):
     runs = {"post": write_metrics(tmp_path / "a", [3.0, 2.0]), "pre": write_metrics(tmp_path / "b", [3.0, 1.0])}
     data = viz.plot_training(runs, tmp_path / "both.png")

@@ -173,6 +173,15 @@ def test_a_metrics_line_that_is_not_utf8_is_named_and_a_resume_drops_it(tmp_path
     assert list(read_metrics(tmp_path)["train_step"]) == [1, 2]
 
 
+def test_the_curves_leave_out_the_evaluation_of_the_fitted_temperature(tmp_path):
+    """The calibrated model's record scores other logits than training made: not a point of the validation line."""
+    append_metrics(tmp_path, {"type": "train", "step": 6, "loss": 7.9})
+    append_metrics(tmp_path, {"type": "eval", "step": 6, "eval_loss": 7.63})
+    append_metrics(tmp_path, {"type": "eval", "step": 6, "temperature": 0.5, "eval_loss": 7.17})
+    metrics = read_metrics(tmp_path)
+    assert list(metrics["eval_step"]) == [6] and list(metrics["eval_loss"]) == [7.63]
+
+
 def test_exact_match_is_a_percentage():
     assert exact_match(["a b", "c"], ["a b ", "d"]) == 50.0
     with pytest.raises(ValueError):
