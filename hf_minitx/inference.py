@@ -263,7 +263,7 @@ def _continue_prompts(
     device = next(model.parameters()).device
     # verbose=False: check_fits_positions below says what a too-long prompt means (the tokenizer's warning would not)
     # split_special_tokens: a "<eos>" written in a prompt is text, never an EOS id mid-prompt
-    # padding_side: whatever the tokenizer was saved with (one trained on a seq2seq corpus pads on the right)
+    # padding_side: left, whatever side the tokenizer was saved with (one trained on a seq2seq corpus pads right)
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False,
                         split_special_tokens=True, verbose=False).to(device)
     empty = [i for i, ids in enumerate(encoded["attention_mask"].sum(dim=1).tolist()) if ids == 0]

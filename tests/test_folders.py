@@ -309,3 +309,14 @@ def test_an_output_file_named_through_a_missing_folder_and_back_makes_no_folder(
     out = check_output_file(".hidden/../page.html", overwrite=False, option="--out", is_ours=html_written_by_us)
     write_file(out, lambda tmp: tmp.write_text("<html></html>"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["page.html"]
+
+
+def test_a_folder_named_under_a_file_through_home_is_refused(tmp_path, monkeypatch):
+    """`--runs_dir ~/notes.txt/runs`: the file is found where `~` leads, as it is without `~`."""
+    from hf_minitx.folders import folder_path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(NotADirectoryError, match="notes.txt"):
+        folder_path("~/notes.txt/runs", option="--runs_dir")
+    assert (tmp_path / "notes.txt").read_text() == "mine"

@@ -45,7 +45,7 @@ def folder_path(path: str | Path, *, option: str) -> Path:
     folder = output_path(path, option=option)
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"{option} {folder} is a file, not a folder; choose another {option}")
-    check_not_under_a_file(Path(path), option=option)
+    check_not_under_a_file(Path(path).expanduser(), option=option)
     return folder
 
 

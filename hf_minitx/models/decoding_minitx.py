@@ -413,7 +413,8 @@ def grow_in_place(cache: DynamicCache) -> None:
 
 def decodes_long_enough(config: GenerationConfig | None, kwargs: dict) -> bool:
     """Whether a `generate()` asks for enough new tokens (`max_new_tokens`, or at most `max_length`) to repay it."""
-    new_tokens = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None)) or kwargs.get("max_length")
+    asked = {key: kwargs.get(key, getattr(config, key, None)) for key in ("max_new_tokens", "max_length")}
+    new_tokens = asked["max_new_tokens"] or asked["max_length"]
     return new_tokens is None or new_tokens >= DECODE_LAYOUT_MIN_NEW_TOKENS
 
 

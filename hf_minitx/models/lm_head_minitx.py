@@ -79,7 +79,7 @@ class MiniTxLMHeadMixin:
             raise ValueError(f"generate(num_beams={beams!r}): num_beams must be an integer >= 1 "
                              "(1 = greedy or sampling, more = beam search).")
         own = config is self.generation_config
-        theirs = not own and config.max_new_tokens is None and config.max_length != DEFAULT_MAX_LENGTH
+        theirs = not own and config.max_length != DEFAULT_MAX_LENGTH
         bounded = "max_new_tokens" not in kwargs and (own or config.max_new_tokens is None) and (
             kwargs.get("max_length") is not None or theirs)
         saved = self.generation_config.max_new_tokens

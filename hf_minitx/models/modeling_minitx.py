@@ -87,9 +87,12 @@ class MiniTxPreTrainedModel(PreTrainedModel):
 
     def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
         """transformers' count; ``exclude_embeddings`` leaves out a learned position table too, as GPT-2's `wpe`."""
-        tables = {id(m.weight): m.weight for m in self.modules() if isinstance(m, MiniTxPositionalEmbedding)
-                  and m.learned and exclude_embeddings and (m.weight.requires_grad or not only_trainable)}
-        return super().num_parameters(only_trainable, exclude_embeddings) - sum(t.numel() for t in tables.values())
+        count = super().num_parameters(only_trainable, exclude_embeddings)
+        if not exclude_embeddings:
+            return count
+        tables = {id(module.weight): module.weight for module in self.modules()
+                  if isinstance(module, MiniTxPositionalEmbedding) and module.learned}
+        return count - sum(t.numel() for t in tables.values() if t.requires_grad or not only_trainable)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -165,16 +168,10 @@ class MiniTxStack(nn.Module):
                                    weights_device=next(self.parameters()).device)
         return has_padding, encoder_padding(encoder_attention_mask)
 
-    def positions_and_masks(
-        self,
-        inputs_embeds: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        position_ids: torch.LongTensor | None,
-        padding: tuple[bool | None, bool | None],
-        encoder_attention_mask: torch.Tensor | None,
-        cross: bool,
-        cache: Cache | None,
-    ) -> tuple[torch.LongTensor, torch.Tensor | None, torch.Tensor | None]:
+    def positions_and_masks(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None,
+                            position_ids: torch.LongTensor | None, padding: tuple[bool | None, bool | None],
+                            encoder_attention_mask: torch.Tensor | None, cross: bool, cache: Cache | None
+                            ) -> tuple[torch.LongTensor, torch.Tensor | None, torch.Tensor | None]:
         """The new tokens' position ids, (batch or 1, q_len), and the self-attention and cross-attention masks
         (`cross`: the stack attends to an encoder), after checking the lengths against the cache and the table.
 

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import torch
 
+from ..data.tokenizer import PADDING_SIDES
 from ..device import pick_device
+from ..model_files import model_kind
 
 DEFAULT_PROMPTS = ("In the beginning", "one hundred and twenty three")
 # Allowed max |logit difference| relative to the largest |logit| of the CPU float32 reference.
@@ -71,7 +73,7 @@ def compare_devices(
     """Compare `device` against CPU float32 for each dtype; returns one DeviceCheck per dtype."""
     model_dir, device = Path(model_dir), torch.device(device)
     tokenizer, cpu_model = _load(model_dir, torch.device("cpu"), torch.float32)
-    side = "right" if cpu_model.config.is_encoder_decoder else "left"  # a decoder-only model generates from the ends
+    side = PADDING_SIDES[model_kind(cpu_model.config)]  # a decoder-only model generates from the prompts' ends
     batch = tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side=side)
     batch = {key: batch[key] for key in ("input_ids", "attention_mask")}
     from ..inference import check_fits_positions

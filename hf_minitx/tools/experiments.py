@@ -12,7 +12,6 @@ dataset of token ids, so they write the same `metrics.jsonl` and `training_summa
 
 from __future__ import annotations
 
-import json
 import signal
 from argparse import ArgumentTypeError
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from ..training.end_of_run import finish, run_summary
 from ..training.evaluation import evaluate_loss
 from ..training.loop import fit
 from ..training.loss import Objective
+from ..training.model_presets import shipped_presets
 from ..training.optim import OPTIMIZERS, build_optimizer, build_scheduler, check_optimizer_name, describe_schedule
 from ..training.state import LoopSettings, RunState, TrainingRun
 
@@ -328,16 +328,9 @@ def compare(config: ExperimentConfig, field: str, values: list, output_dir: str 
 
 
 PRESET_FILES = resources.files(__package__) / "experiment_presets"  # JSON files shipped inside the package
-
-
-def _load_presets() -> dict[str, ExperimentConfig]:
-    """{name: config} of the JSON presets: ExperimentConfig fields over its defaults, and a `description`."""
-    files = sorted((f for f in PRESET_FILES.iterdir() if f.name.endswith(".json")), key=lambda f: f.name)
-    return {f.name.removesuffix(".json"): ExperimentConfig(**{k: v for k, v in json.loads(f.read_text()).items()
-                                                              if k != "description"}) for f in files}
-
-
-PRESETS = _load_presets()
+# each: ExperimentConfig fields over its defaults, and a `description`
+PRESETS = {name: ExperimentConfig(**{key: value for key, value in preset.items() if key != "description"})
+           for name, preset in shipped_presets(PRESET_FILES).items()}
 
 
 @dataclass

@@ -13,6 +13,7 @@ from ..data.tokenizer import check_vocab_size
 from ..device import check_thread_count
 from ..models import MiniTxConfig
 from .arguments import DataArguments, TrainArguments
+from .data_order import StepIndexedBatchSampler
 from .optim import check_optimizer_arguments
 
 TRACKERS = {  # Accelerate's trackers (--report_to) and the pip package that brings each
@@ -55,10 +56,8 @@ def check_data_arguments(config: MiniTxConfig, data_args: DataArguments) -> None
                                           "tokenizer_max_chars": data_args.tokenizer_max_chars}),
     }
     if data_args.task == "seq2seq":  # first: a pair's lengths need more than any count's 1
-        for name in ("max_source_length", "max_target_length"):
-            if getattr(data_args, name) is not None and getattr(data_args, name) < 2:
-                raise ValueError(f"--{name} must be >= 2 (at least one token and <eos>), got "
-                                 f"{getattr(data_args, name)}")
+        check_at_least({name: getattr(data_args, name) for name in ("max_source_length", "max_target_length")}, 2,
+                       hint=" (at least one token and <eos>)")
     check_at_least(counts, 1, hint=" (or left out for the default)")
     if data_args.block_size < 2:
         raise ValueError(f"--block_size must be >= 2 (a token and the next one to predict), got {data_args.block_size}")
@@ -160,8 +159,7 @@ def check_stream_length(train_args: TrainArguments) -> None:
 def check_one_batch(rows: int, global_batch: int, task: str, block_size: int, window: int) -> None:
     """The training split fills one global batch (``rows`` packed blocks or pairs, ``window`` > 0: shifted windows,
     where the last block only continues the others), said in the units the user can change."""
-    usable = rows - 1 if window else rows
-    if usable >= global_batch:
+    if StepIndexedBatchSampler.usable_rows(rows, window) >= global_batch:
         return
     batch = f"a global batch of {global_batch} (--per_device_train_batch_size x processes)"
     if task != "causal-lm":

@@ -32,7 +32,7 @@ class StepIndexedBatchSampler(Sampler[list]):
         seed: int = 42, start: int = 0, window: int = 0,
     ) -> None:
         self.window = window
-        num_rows = num_rows - 1 if window else num_rows  # a window starting in the last row would run off the end
+        num_rows = self.usable_rows(num_rows, window)
         self.num_rows = num_rows
         self.batch_size = batch_size
         self.num_processes = num_processes
@@ -46,6 +46,12 @@ class StepIndexedBatchSampler(Sampler[list]):
                 f"the training split has {num_rows} rows, fewer than one global batch of {self.global_batch_size} "
                 f"(per_device_train_batch_size={batch_size} x {num_processes} processes); lower the batch size"
             )
+
+    @staticmethod
+    def usable_rows(num_rows: int, window: int) -> int:
+        """The rows a sample may start in: all of them, or with shifted windows all but the last (a window starting
+        in it would run off the end)."""
+        return num_rows - 1 if window else num_rows
 
     def epoch_order(self, epoch: int) -> list:
         """Samples of ``epoch`` in order: num_rows row indices, or (row, offset) pairs with shifted windows."""

@@ -22,10 +22,16 @@ from ..models import MiniTxConfig
 PRESETS = resources.files(__package__) / "presets"  # JSON files shipped inside the package
 
 
+def shipped_presets(folder: Any = PRESETS) -> dict[str, dict[str, Any]]:
+    """{name: JSON object} of the presets shipped in ``folder`` (a resource folder of the package), in name order:
+    train's model presets, or experiment's."""
+    files = sorted((f for f in folder.iterdir() if f.name.endswith(".json")), key=lambda f: f.name)
+    return {f.name.removesuffix(".json"): json.loads(f.read_text()) for f in files}
+
+
 def available_presets() -> dict[str, str]:
     """Preset names shipped in the package with their one-line descriptions."""
-    files = sorted((f for f in PRESETS.iterdir() if f.name.endswith(".json")), key=lambda f: f.name)
-    return {f.name.removesuffix(".json"): json.loads(f.read_text()).get("description", "") for f in files}
+    return {name: preset.get("description", "") for name, preset in shipped_presets().items()}
 
 
 def preset_path(preset: str) -> Path | None:
@@ -116,5 +122,5 @@ def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
     return result
 
 
-__all__ = ["PRESETS", "PRESET_TRAINING", "available_presets", "check_config_field", "load_preset",
+__all__ = ["PRESETS", "PRESET_TRAINING", "available_presets", "shipped_presets", "check_config_field", "load_preset",
            "parse_config_overrides", "preset_path", "read_preset"]

@@ -68,12 +68,13 @@ def setup(plan: RunPlan) -> tuple[TrainingRun, PreTrainedTokenizerBase, RunState
         check_teacher_vocabulary(train_args.distill_from, tokenizer)
     with accelerator.main_process_first():
         data = prepare_data(corpus, tokenizer, plan)
-    if not plan.data_args.streaming:
+    window = shift_window(plan)
+    if not plan.data_args.streaming:  # said in blocks or pairs before the sampler would say it in rows
         check_one_batch(len(data.train), train_args.per_device_train_batch_size * accelerator.num_processes,
-                        plan.data_args.task, plan.data_args.block_size, shift_window(plan))
+                        plan.data_args.task, plan.data_args.block_size, window)
     batches_per_epoch = None if plan.data_args.streaming else StepIndexedBatchSampler(
         len(data.train), train_args.per_device_train_batch_size, num_processes=accelerator.num_processes,
-        window=shift_window(plan),
+        window=window,
     ).batches_per_epoch
     check_accumulation_window(k, batches_per_epoch)
     timing_seconds = choose_planned_shape(plan, tokenizer, accelerator, batches_per_epoch, data)

@@ -204,6 +204,11 @@ def test_a_short_generate_call_reads_the_weights_as_stored(build, monkeypatch):
     model.generation_config.max_new_tokens = 100  # as a trained folder's; the caller's max_length bounds the call
     model.generate(ids, max_length=short, **GREEDY)
     assert seen and not any(seen)
+    seen.clear()  # and so does a caller's GenerationConfig that asks it
+    from transformers import GenerationConfig
+
+    model.generate(ids, generation_config=GenerationConfig(max_length=short, do_sample=False))
+    assert seen and not any(seen)
 
 def test_single_row_copies_come_in_one_part_per_thread_except_for_a_static_cache():
     """A dynamic-cache call splits the single-row copies over the CPU threads (one batched product, each thread
