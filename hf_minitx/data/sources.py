@@ -279,8 +279,22 @@ def _check_one_file_type(name: str) -> None:
                          "of one type as a comma-separated list or a glob")
 
 
+# datasets' JSON reader logs the file it failed on, then raises an error without it: the error below says both once
+JSON_READER_LOGGER = "datasets.packaged_modules.json.json"
+
+
 def _guarded(name: str, load: Any, *args: Any, **kwargs: Any) -> Any:
     """Call a datasets loading function and turn its failures into one clear error each."""
+    held: list[str] = []
+
+    def hold_errors(record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            held.append(record.getMessage())
+            return False
+        return True
+
+    json_reader = logging.getLogger(JSON_READER_LOGGER)
+    json_reader.addFilter(hold_errors)
     try:
         loaded = load(*args, **kwargs)
     except ConnectionError as err:
@@ -313,9 +327,10 @@ def _guarded(name: str, load: Any, *args: Any, **kwargs: Any) -> Any:
             raise ValueError(f"could not read dataset {name!r}: its files do not all have the same columns "
                              f"({cause.details()}); give every file, train and validation alike, the same "
                              "column names") from err
-        raise ValueError(
-            f"could not read dataset {name!r}: {type(cause).__name__}: {cause}. Is it empty or malformed?"
-        ) from err
+        said = held[-1] if held else f"{type(cause).__name__}: {cause}"
+        raise ValueError(f"could not read dataset {name!r}: {said}. Is it empty or malformed?") from err
+    finally:
+        json_reader.removeFilter(hold_errors)
     if isinstance(loaded, (Dataset, IterableDataset)):  # pragma: no cover - load_dataset without split
         return {"train": loaded}
     return dict(loaded) if isinstance(loaded, dict) else loaded

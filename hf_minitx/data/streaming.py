@@ -5,7 +5,7 @@ buffer, split between processes, and resumable at the exact block.
 ``load_corpus(..., streaming=True)`` train split) epoch after epoch. Its ``state_dict()`` is the whole
 position after the last block handed out (rows read, tokens not yet packed, the shuffle buffer and its
 random generator), so a stream restored with ``load_state_dict`` yields exactly the blocks the first one
-would have yielded next, without re-reading or re-tokenizing what came before.
+would have yielded next, without tokenizing again what came before (datasets skips the rows already read).
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ def restore_stream_position(stream: PackedBlockStream, checkpoint: str | Path, p
     """Continue ``stream`` exactly where the checkpoint's run left it."""
     path = stream_state_path(checkpoint, process_index)
     if not path.is_file():
-        raise ValueError(f"checkpoint {checkpoint} has no stream position for process {process_index} ({path.name}): "
-                         "it was not saved by a --streaming run with this many processes; resume it without "
-                         "--streaming, or start a new run")
+        raise ValueError(f"checkpoint {checkpoint} is incomplete: {path} is missing (each process of a --streaming "
+                         "run saves its position in the stream there; a run without --streaming cannot resume it): "
+                         "copy the checkpoint whole, or resume from an older one (--resume_from_checkpoint PATH)")
     stream.load_state_dict(load_stream_state(path))

@@ -80,8 +80,9 @@ def encode_text(text: str, tokenizer: Any | None, config: Any, option: str = "--
 
 
 def token_labels(ids: Sequence[int], tokenizer: Any | None, config: Any) -> list[str]:
-    """Short readable labels for axis ticks: special tokens by name, leading spaces shown as '_', control
-    characters (no font draws them) as escapes: a newline as \\n, a tab as \\t, ESC as \\x1b."""
+    """Short readable labels for axis ticks: special tokens by name, spaces shown as '·' (as the explorer page shows
+    them; an underscore would read as the text's own '_'), control characters (no font draws them) as escapes: a
+    newline as \\n, a tab as \\t, ESC as \\x1b."""
     special = special_names(config)
     labels = []
     for i in ids:
@@ -96,9 +97,9 @@ def token_labels(ids: Sequence[int], tokenizer: Any | None, config: Any) -> list
 
 
 def _label_char(char: str) -> str:
-    """One character of an axis label: a space as '_', a control character as its Python escape."""
+    """One character of an axis label: a space as '·', a control character as its Python escape."""
     if char == " ":
-        return "_"
+        return "\u00b7"
     return repr(char)[1:-1] if unicodedata.category(char) == "Cc" else char
 
 

@@ -151,6 +151,9 @@ def check_streaming_arguments(data_args: DataArguments, train_args: TrainArgumen
 
 def check_stream_length(train_args: TrainArguments) -> None:
     """A stream has no length to count epochs from: --max_steps or a time budget (--max_minutes) ends the run."""
+    if train_args.num_epochs is not None and train_args.max_steps is None:
+        raise ValueError(f"--num_epochs {train_args.num_epochs:g} cannot bound a --streaming run: a stream has no "
+                         "length to count epochs from; give --max_steps (or --max_minutes alone) instead")
     if train_args.max_steps is None and train_args.max_minutes is None:
         raise ValueError("--streaming needs --max_steps or --max_minutes: a stream has no length to count epochs "
                          "from")

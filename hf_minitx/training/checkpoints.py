@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 from ..data.corpus import dataset_key
 from ..data.streaming import load_stream_state, save_stream_position
-from ..folders import PARTIAL_SUFFIX, RUN_MARKER, check_marker, free_mib, holds_run_files, write_errno
+from ..folders import PARTIAL_SUFFIX, RUN_MARKER, check_marker, free_mib, holds_run_files, honour_umask, write_errno
 from .outputs import SUMMARY_FILE
 
 if TYPE_CHECKING:
@@ -220,7 +220,7 @@ def check_compatible(checkpoint: Path, stored: dict[str, Any], expected: dict[st
     """Refuse to resume when the checkpoint was made with other model/data settings."""
     different = {}
     for key, value in expected.items():
-        if key == INPUT_FILES or (key in (*SPLIT_FIELDS, RECIPE) and key not in stored):
+        if key == INPUT_FILES or (key in (*SPLIT_FIELDS, RECIPE, *PAIR_LENGTHS) and key not in stored):
             continue  # compared by check_same_inputs; fields of checkpoints older than their recording
         old = stored.get(key)
         if key == "dataset" and isinstance(old, str) and (dataset_key(old) == value or _all_moved(stored, expected)):
@@ -243,6 +243,7 @@ def check_compatible(checkpoint: Path, stored: dict[str, Any], expected: dict[st
 
 
 SPLIT_FIELDS = ("seed", "validation_split", "streaming")  # what defines the validation split, besides the files
+PAIR_LENGTHS = ("max_source_length", "max_target_length")  # run identity, seq2seq: the tokens a pair is cut to
 INPUT_FILES = "input_files"  # run identity key: {path: fingerprint} of the local files the run reads
 RECIPE = "recipe"  # run identity key: the optimizer, its rates and decays, the schedule (prepare.optimizer_recipe)
 # recipe fields older checkpoints lack: what those runs trained with
@@ -367,6 +368,7 @@ def save_checkpoint(run: TrainingRun, state: RunState, stream_state: dict[str, A
                 run.best.save(partial)
             write_run_state(partial, {**run.checkpoint_fields, "total_steps": run.settings.total_steps,
                                       **asdict(state)})
+            honour_umask(partial)  # the best weights' safetensors file, written 0600, as readable as the rest
     except (OSError, RuntimeError) as error:
         shutil.rmtree(partial, ignore_errors=True)
         raise write_failure(error, partial, run.output_dir) from None

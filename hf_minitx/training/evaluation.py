@@ -162,9 +162,14 @@ class TextEvaluation:
             scored, predictions = evaluate_generation(unwrapped, self.tokenizer, self.sources, self.references,
                                                       accelerator, **self.generation)
             metrics.update(scored)
-            n = self.num_samples
-            return metrics, [{"prompt": s, "output": p, "reference": r} for s, p, r in
-                             zip(self.sources[:n], predictions[:n], self.references[:n], strict=True)]
+            if not self.prompts:  # no --sample_prompts: the first scored translations
+                n = self.num_samples
+                return metrics, [{"prompt": s, "output": p, "reference": r} for s, p, r in
+                                 zip(self.sources[:n], predictions[:n], self.references[:n], strict=True)]
+            if not accelerator.is_main_process:
+                return metrics, []
+            outputs = generate_texts(unwrapped, self.tokenizer, self.prompts, **self.generation)  # as the scored ones
+            return metrics, [{"prompt": p, "output": o} for p, o in zip(self.prompts, outputs, strict=True)]
         if not (self.prompts and accelerator.is_main_process):
             return metrics, []
         style = {"do_sample": True, "top_k": 40, "temperature": 0.8} if self.objective.shift else {"do_sample": False}

@@ -33,6 +33,7 @@ from .arguments import DEFAULT_PRESET, DataArguments, ModelArguments, TrainArgum
 from .budget import resumed_budget
 from .checkpoints import (
     INPUT_FILES,
+    PAIR_LENGTHS,
     RECIPE,
     check_checkpoint_files,
     check_compatible,
@@ -232,13 +233,17 @@ def build_config(settings: dict[str, Any], preset: str) -> MiniTxConfig:
 
 def run_identity(model_settings: dict[str, Any], data_args: DataArguments, seed: int) -> dict[str, Any]:
     """What a checkpoint must share with the run that resumes it: the model, the data, and what defines the
-    validation split (seed, validation_split, streaming), so that validation never holds trained text."""
-    return {
+    validation split (seed, validation_split, streaming), so that validation never holds trained text; seq2seq
+    also the lengths its pairs are cut to."""
+    identity = {
         "model_settings": model_settings, "task": data_args.task, "dataset": dataset_key(data_args.dataset),
         "dataset_config": data_args.dataset_config, "block_size": data_args.block_size,
         "sample_by": data_args.sample_by, "seed": seed, "validation_split": data_args.validation_split,
         "streaming": data_args.streaming, "shift_windows": shifts_windows(data_args),
     }
+    if data_args.task == "seq2seq":
+        identity.update({key: getattr(data_args, key) for key in PAIR_LENGTHS})
+    return identity
 
 
 def shifts_windows(data_args: DataArguments) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +132,9 @@ def build_evaluation(plan: RunPlan, data: Any, tokenizer: PreTrainedTokenizerBas
     """What each evaluation measures: the validation loss (and bits per byte over the whole split, where it is
     whole), and the sample generations the arguments ask for."""
     train_args = plan.train_args
+    objective = replace(plan.objective, input_noise=0.0)  # scored on the text as it is read at inference
     return TextEvaluation(
-        eval_loader, plan.objective, tokenizer, prompts=data.prompts, sources=data.sources,
+        eval_loader, objective, tokenizer, prompts=data.prompts, sources=data.sources,
         references=data.references, num_samples=train_args.num_sample_generations, seed=train_args.seed,
         num_bytes=data.num_bytes, whole_split=plan.data_args.max_eval_samples is None and not plan.data_args.streaming,
         rows=len(data.validation),

@@ -150,8 +150,8 @@ def prepare_data(corpus: Any, tokenizer: PreTrainedTokenizerBase, plan: RunPlan)
         )
         pairs = _first_rows(corpus["validation"], train_args.generation_eval_samples)
         data = PreparedData(features["train"], _first_rows(features["validation"], data_args.max_eval_samples),
-                            seq2seq_collator(tokenizer), prompts=list(corpus["validation"]["source"][:8]),
-                            sources=list(pairs["source"]), references=list(pairs["target"]))
+                            seq2seq_collator(tokenizer), sources=list(pairs["source"]),
+                            references=list(pairs["target"]))  # samples: the first scored pairs, or --sample_prompts
     if train_args.sample_prompts:
         data.prompts = [p.strip() for p in train_args.sample_prompts.split("|") if p.strip()]
     data.prompts = data.prompts[: train_args.num_sample_generations]

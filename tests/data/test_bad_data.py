@@ -142,6 +142,18 @@ def test_an_unquoted_glob_is_named_as_such(tmp_path, monkeypatch, capsys):
     assert "unrecognized arguments: --no_such_option 1" in capsys.readouterr().err
 
 
+def test_a_malformed_json_lines_file_is_named_in_one_line(tmp_path, monkeypatch, capfd):
+    """datasets' JSON reader logs the file it failed on, then raises without it: one line says both."""
+    monkeypatch.chdir(tmp_path)
+    Path("corpus").mkdir()
+    Path("corpus/train.jsonl").write_text("".join(f'{{"text": "{t}"}}\n' for t in TEXTS))
+    Path("corpus/validation.jsonl").write_text('{"text": "fine"}\n{"text": "cut off\n')
+    assert minitx(["train-tokenizer", "--dataset", "corpus", "--vocab_size", "300", "--output_dir", "tok"]) == 2
+    err = [line for line in capfd.readouterr().err.splitlines() if line.strip() and "examples/s" not in line]
+    assert len(err) == 1 and "validation.jsonl" in err[0] and "malformed" in err[0], err
+    assert not Path("tok").exists()
+
+
 @pytest.mark.parametrize("text", ["one line of text, the whole corpus\n", "a\nb\n"])
 def test_train_tokenizer_on_a_tiny_corpus_needs_no_validation_split(tmp_path, text):
     corpus = tmp_path / "tiny.txt"

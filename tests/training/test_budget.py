@@ -386,6 +386,10 @@ def test_the_best_weights_survive_a_resume_and_are_the_ones_saved(text_file, tmp
     common = ("--eval_steps", "10", "--checkpointing_steps", "10", "--save_total_limit", "10",
               "--calibrate_temperature", "false")  # the kept weights as they were (a fitted temperature changes them)
     main(causal_args(text_file, out, "--max_steps", "30", *common))
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (out / "checkpoint-30").rglob("*") if p.is_file()}
+    assert "best_weights.safetensors" in modes and set(modes.values()) == {0o666 & ~mask}, modes  # none left 0600
     from accelerate.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state(reset_partial_state=True)

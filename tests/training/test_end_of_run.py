@@ -406,6 +406,22 @@ def test_resuming_with_another_recipe_is_refused_naming_the_field(
     assert not (run / "checkpoint-4").exists()
 
 
+def test_a_seq2seq_resume_with_other_pair_lengths_is_refused_and_an_older_checkpoint_is_not(tmp_path):
+    """Pairs cut to other lengths are other training data: the lengths are part of a seq2seq run's identity."""
+    from dataclasses import replace
+
+    from hf_minitx.training.arguments import DataArguments
+    from hf_minitx.training.run_plan import run_identity
+
+    args = DataArguments(task="seq2seq", dataset="builtin:numbers-en-fr", max_target_length=64)
+    stored = run_identity({}, args, 42)
+    with pytest.raises(ValueError, match="max_target_length: checkpoint has 64, this run has 16"):
+        check_compatible(tmp_path, stored, run_identity({}, replace(args, max_target_length=16), 42))
+    older = {key: value for key, value in stored.items() if key not in ("max_source_length", "max_target_length")}
+    check_compatible(tmp_path, older, run_identity({}, args, 42))  # written before the lengths were recorded
+    assert "max_target_length" not in run_identity({}, replace(args, task="causal-lm"), 42)
+
+
 def test_a_checkpoint_older_than_late_dropout_resumes_without_it_and_is_refused_with_it(tmp_path):
     """Checkpoints written before --late_dropout existed trained without it: they resume with --late_dropout 0,
     and the default (on) is refused naming the field, instead of every such checkpoint being refused."""

@@ -43,6 +43,25 @@ def test_the_objective_noises_the_inputs_and_keeps_the_labels():
     assert torch.equal(Objective.for_task("causal-lm").model_inputs(batch)["input_ids"], ids)
 
 
+def test_evaluation_reads_the_text_without_the_training_noise():
+    """The noise is a training regulariser: the validation loss (and so the kept weights) is of the true text."""
+    from types import SimpleNamespace
+
+    from hf_minitx.training.setup import build_evaluation
+
+    plan = SimpleNamespace(
+        objective=Objective.for_task("causal-lm", input_noise=0.5),
+        train_args=SimpleNamespace(num_sample_generations=0, seed=0, generation_num_beams=1,
+                                   per_device_eval_batch_size=2),
+        data_args=SimpleNamespace(max_target_length=8, max_source_length=8, max_eval_samples=None, streaming=False))
+    data = SimpleNamespace(prompts=[], sources=[], references=[], num_bytes=10, validation=[0, 1])
+    evaluation = build_evaluation(plan, data, tokenizer=None, eval_loader=[])
+    ids = torch.randint(3, 300, (2, 64), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    assert torch.equal(evaluation.objective.model_inputs(batch)["input_ids"], ids)
+    assert plan.objective.input_noise == 0.5  # the training objective keeps it
+
+
 @pytest.mark.parametrize("noise", ["1.0", "-0.1"])
 def test_a_noise_share_outside_zero_to_one_is_refused_before_any_write(text_file, tmp_path, noise):  # noqa: F811
     with pytest.raises(ValueError, match=r"--input_noise must be in \[0, 1\)"):

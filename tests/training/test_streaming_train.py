@@ -53,6 +53,9 @@ def train_records(output_dir: Path) -> list[dict]:
 def test_streaming_without_max_steps_or_a_budget_is_one_clear_error(corpus, tmp_path):
     with pytest.raises(ValueError, match="--streaming needs --max_steps or --max_minutes"):
         main(stream_args(corpus, tmp_path / "run"))
+    with pytest.raises(ValueError, match="--num_epochs 1 cannot bound a --streaming run: .* give --max_steps"):
+        main(stream_args(corpus, tmp_path / "run", "--max_minutes", "1", "--num_epochs", "1"))  # it bounded nothing
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow

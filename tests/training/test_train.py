@@ -501,6 +501,22 @@ def test_a_given_tokenizer_pads_on_the_side_of_the_model_it_trains(tmp_path, tex
     assert AutoTokenizer.from_pretrained(tmp_path / "tok").padding_side == "right"  # the input is left as it was
 
 
+@pytest.mark.slow
+def test_seq2seq_sample_prompts_are_translated_in_place_of_the_first_validation_pairs(tmp_path):
+    out = tmp_path / "s2s"
+    main(seq2seq_args(out, "--max_steps", "2", "--sample_prompts", "seven|twelve", "--num_sample_generations", "2"))
+    samples = json.loads((out / "training_summary.json").read_text())["sample_generations"]
+    assert [s["prompt"] for s in samples] == ["seven", "twelve"]  # not the first validation pairs
+
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from hf_minitx.inference import generate_texts
+
+    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    assert [s["output"] for s in samples] == generate_texts(model, tokenizer, ["seven", "twelve"], max_new_tokens=32,
+                                                           num_beams=1, do_sample=False, max_source_length=32)
+
+
 def test_seq2seq_task_on_a_text_corpus_is_refused(tmp_path, text_file):
     with pytest.raises(ValueError, match="task/dataset mismatch"):
         main(["--task", "seq2seq", "--dataset", "builtin:pydocs", "--output_dir", str(tmp_path / "x")])
