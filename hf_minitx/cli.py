@@ -227,6 +227,14 @@ def _write_error(error: BaseException) -> str | None:
     return folders.raw_write_error(error) if folders is not None else None
 
 
+def _read_error(error: BaseException) -> str | None:
+    """A data file a datasets reader failed on while a stream was read (the error it raises does not name the
+    file; ``hf_minitx.data.sources`` held the line that does), as one line; None for any other error."""
+    sources = sys.modules.get(f"{__package__}.data.sources")
+    said = sources.read_failure(error) if sources is not None else None
+    return f"could not read the dataset: {said}. Is the file malformed?" if said else None
+
+
 def run_cli(main: Callable[..., Any], *args: Any) -> int:
     """Call `main(*args)`; errors in what the user asked for print `error: ...` and return 2; an interruption
     prints one line and returns 130 (SIGINT) or 143 (SIGTERM)."""
@@ -243,7 +251,7 @@ def run_cli(main: Callable[..., Any], *args: Any) -> int:
         if os.environ.get("HF_MINITX_TRACEBACK"):
             raise
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        return _fail(_write_error(error) or str(message))
+        return _fail(_write_error(error) or _read_error(error) or str(message))
     except RuntimeError as error:
         lost = _peer_gone(error)
         if lost is None or os.environ.get("HF_MINITX_TRACEBACK"):

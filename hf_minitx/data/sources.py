@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import functools
 import glob
+import json
 import logging
 import os
 from pathlib import Path
@@ -279,22 +280,64 @@ def _check_one_file_type(name: str) -> None:
                          "of one type as a comma-separated list or a glob")
 
 
-# datasets' JSON reader logs the file it failed on, then raises an error without it: the error below says both once
-JSON_READER_LOGGER = "datasets.packaged_modules.json.json"
+# datasets' JSON and CSV readers log the file they failed on, then raise an error that does not name it
+READER_LOGGERS = ("datasets.packaged_modules.json.json", "datasets.packaged_modules.csv.csv")
+
+
+class ReaderFailures(logging.Filter):
+    """Holds the last failure datasets' file readers logged (its line names the file) instead of printing it, so
+    that one error line says it: ``_guarded``'s for a read made at once, ``minitx``'s (``read_failure``) for a
+    stream, whose rows are read, and fail, later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        self.last = " ".join(record.getMessage().split())
+        return False
+
+
+READER_FAILURES = ReaderFailures()
+for _logger_name in READER_LOGGERS:
+    logging.getLogger(_logger_name).addFilter(READER_FAILURES)
+
+
+def read_failure(error: BaseException) -> str | None:
+    """The failure a datasets reader logged just before it raised ``error`` (the line that names the file), once."""
+    said, READER_FAILURES.last = READER_FAILURES.last, None
+    return said if said is not None and " ".join(str(error).split()) in said else None
+
+
+def _json_file_at_fault(name: str) -> str | None:
+    """"FILE: error" for the first local .json or .jsonl file of ``name`` (a file spec or a folder) that Python's
+    json cannot parse (datasets' reader raised without naming it), or None. Read only after a failure."""
+    folder = Path(name).expanduser()
+    files = sorted(map(str, folder.rglob("*"))) if folder.is_dir() else _local_files(name) or []
+    for path in files:
+        suffix = Path(path).suffix.lower()
+        if suffix not in (".json", ".jsonl"):
+            continue
+        where = ""
+        try:
+            with open(path, encoding="utf-8") as handle:
+                if suffix == ".json":
+                    json.load(handle)
+                    continue
+                for number, line in enumerate(handle, 1):
+                    where = f" line {number}"
+                    if line.strip():
+                        json.loads(line)
+        except (ValueError, OSError) as error:  # UnicodeDecodeError and json's errors are ValueErrors
+            return f"{path}{where}: {error}"
+    return None
 
 
 def _guarded(name: str, load: Any, *args: Any, **kwargs: Any) -> Any:
     """Call a datasets loading function and turn its failures into one clear error each."""
-    held: list[str] = []
-
-    def hold_errors(record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR:
-            held.append(record.getMessage())
-            return False
-        return True
-
-    json_reader = logging.getLogger(JSON_READER_LOGGER)
-    json_reader.addFilter(hold_errors)
+    READER_FAILURES.last = None
     try:
         loaded = load(*args, **kwargs)
     except ConnectionError as err:
@@ -327,10 +370,8 @@ def _guarded(name: str, load: Any, *args: Any, **kwargs: Any) -> Any:
             raise ValueError(f"could not read dataset {name!r}: its files do not all have the same columns "
                              f"({cause.details()}); give every file, train and validation alike, the same "
                              "column names") from err
-        said = held[-1] if held else f"{type(cause).__name__}: {cause}"
+        said = read_failure(cause) or _json_file_at_fault(name) or f"{type(cause).__name__}: {cause}"
         raise ValueError(f"could not read dataset {name!r}: {said}. Is it empty or malformed?") from err
-    finally:
-        json_reader.removeFilter(hold_errors)
     if isinstance(loaded, (Dataset, IterableDataset)):  # pragma: no cover - load_dataset without split
         return {"train": loaded}
     return dict(loaded) if isinstance(loaded, dict) else loaded

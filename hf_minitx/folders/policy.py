@@ -97,7 +97,8 @@ def _replace_remedy(folder: Path, flag: str | None, option: str, command: str | 
         return f"It was not made by minitx, so {flag} alone would not replace it: {anyway}, or choose another {option}."
     if refusal is not None:
         return f"{flag} would not replace another command's run: choose another {option}."
-    resume = f" (or {resume_flag} to continue its run)" if resume_flag and holds_run_files(folder) else ""
+    resumable = resume_flag and any(folder.glob("checkpoint-*"))  # a run with nothing saved has nothing to go on from
+    resume = f" (or {resume_flag} to continue its run)" if resumable else ""
     return f"Pass {flag} to replace it{resume}, or choose another {option}."
 
 

@@ -42,9 +42,28 @@ def _minitx(*args: str) -> list[str]:
 
 
 def _train_command(recipe: str, output_dir: Path, *extra: str) -> list[str]:
+    """A run of ``recipe`` into ``output_dir``: a finished one is trained again, an interrupted one (checkpoints, no
+    summary yet) goes on from its last checkpoint."""
     with resources.as_file(RECIPES / recipe) as path:
         recipe_path = str(path)  # a real file inside the installed package
-    return _minitx("train", recipe_path, "--output_dir", str(output_dir), "--overwrite_output_dir", *extra)
+    unfinished = any(output_dir.glob("checkpoint-*")) and not (output_dir / SUMMARY_FILE).is_file()
+    start = ("--resume_from_checkpoint", "latest") if unfinished else ("--overwrite_output_dir",)
+    return _minitx("train", recipe_path, "--output_dir", str(output_dir), *start, *extra)
+
+
+def _finish(process: subprocess.Popen) -> int:
+    """``process``'s exit status. A Ctrl-C reaches it too (the terminal signals the whole process group), and it
+    then ends its step and saves a checkpoint: it is waited for, not killed in the middle of the save (as
+    ``subprocess.run`` would); a second Ctrl-C kills it."""
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        try:
+            process.wait()
+        except KeyboardInterrupt:
+            process.kill()
+            process.wait()
+        raise
 
 
 def _banner(text: str) -> None:
@@ -79,12 +98,17 @@ def train_both(kjv_dir: Path, numbers_dir: Path, tokenizer_dir: Path) -> dict[st
         waiter.start()
         print(f"numbers-en-fr: training in the background, log in {log_path}", flush=True)
         try:
-            subprocess.run(_train_command("kjv-gpt.json", kjv_dir, "--tokenizer", str(tokenizer_dir)),
-                           check=True, env=_env())
+            kjv = subprocess.Popen(_train_command("kjv-gpt.json", kjv_dir, "--tokenizer", str(tokenizer_dir)),
+                                   env=_env())
+            if _finish(kjv):
+                raise subprocess.CalledProcessError(kjv.returncode, kjv.args)
             ended["kjv"] = time.perf_counter()
             if numbers.poll() is None:
                 print("kjv-gpt done; waiting for numbers-en-fr ...", flush=True)
             waiter.join()
+        except KeyboardInterrupt:
+            _finish(numbers)  # saving its own checkpoint
+            raise
         finally:
             if numbers.poll() is None:
                 numbers.terminate()
@@ -186,7 +210,7 @@ class DemoArguments:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`minitx demo`: the whole demo, offline; exit status 1 if the translator misses its target."""
-    from ..cli import parse_arguments
+    from ..cli import EXIT_INTERRUPTED, parse_arguments
     from ..folders import folder_path
 
     (args,) = parse_arguments([DemoArguments], argv, prog="minitx demo", description=__doc__.split("\n\n")[0])
@@ -197,3 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_demo(runs)
     except subprocess.CalledProcessError as error:  # the step's command said why, in its own error line
         return error.returncode
+    except KeyboardInterrupt:
+        print(f"demo interrupted: `minitx demo --runs_dir {args.runs_dir}` again goes on from the checkpoints the "
+              "training runs saved", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -1,6 +1,7 @@
 """Bad corpora and tokenizer folders end in one clear error that names the problem (issue: bad input sweep)."""
 
 import gzip
+import json
 from pathlib import Path
 
 import datasets
@@ -152,6 +153,30 @@ def test_a_malformed_json_lines_file_is_named_in_one_line(tmp_path, monkeypatch,
     err = [line for line in capfd.readouterr().err.splitlines() if line.strip() and "examples/s" not in line]
     assert len(err) == 1 and "validation.jsonl" in err[0] and "malformed" in err[0], err
     assert not Path("tok").exists()
+
+
+BROKEN = {
+    ".jsonl": "".join(f'{{"text": "{t}"}}\n' for t in TEXTS[:20]) + '{"text": "cut off\n',
+    ".json": '[{"text": "one"}, {"text": "two"',
+    ".csv": "text\n" + "".join(f'"{t}"\n' for t in TEXTS[:20]) + 'a,"b\n',
+}
+
+
+@pytest.mark.parametrize("suffix, streaming", [(".jsonl", True), (".json", False), (".csv", False), (".csv", True)])
+def test_the_malformed_one_of_several_files_is_named_in_one_line(tmp_path, monkeypatch, capfd, suffix, streaming):
+    """Read at once or, streaming, when the rows are reached (after datasets' loading call has returned)."""
+    monkeypatch.chdir(tmp_path)
+    good = {".jsonl": "".join(f'{{"text": "{t}"}}\n' for t in TEXTS), ".json": json.dumps([{"text": t} for t in TEXTS]),
+            ".csv": "text\n" + "".join(f'"{t}"\n' for t in TEXTS)}[suffix]
+    Path(f"good{suffix}").write_text(good)
+    Path(f"broken{suffix}").write_text(BROKEN[suffix])
+    args = ["train", "--dataset", f"good{suffix},broken{suffix}", "--preset", "tiny", "--max_steps", "1",
+            "--tokenizer_vocab_size", "300", "--output_dir", "run", "--num_threads", "1", "--disable_tqdm"]
+    assert minitx([*args, *(["--streaming"] if streaming else [])]) == 2
+    err = [line for line in capfd.readouterr().err.splitlines() if line.strip() and "examples/s" not in line]
+    named = err[0].replace(f"'good{suffix},broken{suffix}'", "")  # the file, not only the --dataset it came in
+    assert len(err) == 1 and f"broken{suffix}" in named and "malformed" in named, err
+    assert not Path("run").exists()
 
 
 @pytest.mark.parametrize("text", ["one line of text, the whole corpus\n", "a\nb\n"])

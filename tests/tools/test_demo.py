@@ -37,3 +37,53 @@ def test_a_step_that_failed_ends_the_demo_with_its_exit_status_not_a_traceback(t
 
     monkeypatch.setattr(demo, "run_demo", failed_step)
     assert demo.main(["--runs_dir", str(tmp_path / "runs")]) == 2
+
+
+def test_an_interrupted_run_goes_on_from_its_checkpoint_and_a_finished_one_is_trained_again(tmp_path):
+    run = tmp_path / "kjv-gpt"
+    (run / "checkpoint-40").mkdir(parents=True)
+    command = demo._train_command("kjv-gpt.json", run)
+    assert command[-2:] == ["--resume_from_checkpoint", "latest"] and "--overwrite_output_dir" not in command
+    (run / "training_summary.json").write_text("{}")  # the summary marks a finished run
+    assert demo._train_command("kjv-gpt.json", run)[-1] == "--overwrite_output_dir"
+    assert demo._train_command("kjv-gpt.json", tmp_path / "new")[-1] == "--overwrite_output_dir"
+
+
+CHILD = """
+import signal, sys, time
+asked = []
+signal.signal(signal.SIGINT, lambda *_: asked.append(1))
+open(sys.argv[1] + ".started", "w").close()
+while not asked:
+    time.sleep(0.05)
+time.sleep(1.0)  # finishing its step and saving a checkpoint
+open(sys.argv[1], "w").write("saved")
+sys.exit(130)
+"""
+
+PARENT = """
+import subprocess, sys
+from hf_minitx.tools import demo
+try:
+    demo._finish(subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]]))
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_a_ctrl_c_lets_a_training_run_finish_its_save(tmp_path):
+    """The terminal sends SIGINT to the demo and its training run together; subprocess.run killed the run 0.25 s
+    later, in the middle of its checkpoint."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    saved = tmp_path / "saved"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD, str(saved)], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not saved.with_suffix(".started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(parent.pid, signal.SIGINT)  # what Ctrl-C does: the whole process group
+    assert parent.wait(timeout=60) == 130
+    assert saved.read_text() == "saved"

@@ -565,6 +565,11 @@ def previous_run(tmp_path) -> Path:
 
 
 def test_output_dir_holding_another_run_is_refused(previous_run, text_file):
+    """A resume is offered only where a checkpoint is there to go on from."""
+    with pytest.raises(FileExistsError, match=r"already holds a run.*Pass --overwrite_output_dir to replace it, or "
+                       r"choose another --output_dir"):
+        main(causal_args(text_file, previous_run, "--max_steps", "1"))
+    (previous_run / "checkpoint-1").mkdir()
     with pytest.raises(FileExistsError, match=r"already holds a run.*Pass --overwrite_output_dir to replace it \(or "
                        r"--resume_from_checkpoint latest to continue its run\), or choose another --output_dir"):
         main(causal_args(text_file, previous_run, "--max_steps", "1"))
