@@ -311,11 +311,12 @@ def count_window(
 
 def draw_window(run: TrainingRun, state: RunState, untrained: dict[str, Any] | None) -> list[dict[str, torch.Tensor]]:
     """The next accumulation window of micro-batches. Text that cannot be decoded (a streamed file) saves the
-    checkpoint of the last trained step first, and the error says how to go on from there."""
+    checkpoint of the last trained step first (none before step 1: nothing to keep), and the error says how to go
+    on from there."""
     try:
         return [next(run.batches) for _ in range(run.settings.accumulation_steps)]
     except UndecodableText as error:
-        checkpoint = checkpoint_of_last_step(run, state, untrained)
+        checkpoint = None if state.step == 0 else checkpoint_of_last_step(run, state, untrained)
         if checkpoint is None:
             raise
         raise UndecodableText(f"{error}. Training stopped after step {state.step} and saved {checkpoint}: resume it "

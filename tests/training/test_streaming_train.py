@@ -146,3 +146,30 @@ def test_a_time_budget_bounds_a_stream_and_its_plan_decays_to_the_end(corpus, tm
     assert summary["epochs"] is None and summary["stream_passes_completed"] >= 0  # a stream has no length to say
     rates = [r["learning_rate"] for r in train_records(out)]
     assert rates[-1] < 0.05 * max(rates)  # the decay ran to its end
+
+
+def test_bad_bytes_in_the_first_window_leave_no_folder_and_promise_no_checkpoint(corpus, tmp_path, capsys):
+    """Nothing was trained, so nothing is saved: the error said it had saved checkpoint-0 and told to resume it,
+    while the folder the run made was removed."""
+    from hf_minitx.cli import main as minitx
+    from hf_minitx.data import train_bpe_tokenizer
+
+    folder = tmp_path / "texts"
+    (folder / "train").mkdir(parents=True)
+    (folder / "validation").mkdir()
+    text = (corpus / "part0.txt").read_text()
+    (folder / "validation" / "v.txt").write_text(text)
+    from hf_minitx.data.documents import TEXT_CHUNK_CHARS
+
+    copies = TEXT_CHUNK_CHARS // len(text) + 2  # past the first row (setup reads it), inside the first window's read
+    (folder / "train" / "t.txt").write_bytes(text.encode() * copies + b"caf\xe9\n" + text.encode())
+    train_bpe_tokenizer([text], vocab_size=300).save_pretrained(tmp_path / "tok")
+    args = stream_args(folder, tmp_path / "run", "--tokenizer", str(tmp_path / "tok"), "--max_steps", "4",
+                       "--checkpointing_steps", "2")
+    args[args.index("--dataset") + 1] = str(folder)  # its train/ and validation/ folders
+    assert "--streaming" in args
+    capsys.readouterr()
+    assert minitx(["train", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "t.txt is not UTF-8 text" in err[0] and "--skip_bad_rows" in err[0], err
+    assert "saved" not in err[0] and not (tmp_path / "run").exists()
