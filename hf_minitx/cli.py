@@ -227,6 +227,15 @@ def _write_error(error: BaseException) -> str | None:
     return folders.raw_write_error(error) if folders is not None else None
 
 
+def _hold_read_failures(quiet: bool) -> None:
+    """Keep back, while a command runs, the line a datasets reader logs before it raises (``_read_error`` says it
+    in the error line), where the command loaded ``hf_minitx.data.sources`` (this module imports no part of the
+    package)."""
+    sources = sys.modules.get(f"{__package__}.data.sources")
+    if sources is not None:
+        sources.READER_FAILURES.quiet = quiet
+
+
 def _read_error(error: BaseException) -> str | None:
     """A data file a datasets reader failed on while a stream was read (the error it raises does not name the
     file; ``hf_minitx.data.sources`` held the line that does), as one line; None for any other error."""
@@ -238,6 +247,7 @@ def _read_error(error: BaseException) -> str | None:
 def run_cli(main: Callable[..., Any], *args: Any) -> int:
     """Call `main(*args)`; errors in what the user asked for print `error: ...` and return 2; an interruption
     prints one line and returns 130 (SIGINT) or 143 (SIGTERM)."""
+    _hold_read_failures(True)
     try:
         result = main(*args)
     except Interrupted as stop:
@@ -258,6 +268,8 @@ def run_cli(main: Callable[..., Any], *args: Any) -> int:
             raise
         print(f"error: {lost}", file=sys.stderr)
         return 1
+    finally:
+        _hold_read_failures(False)
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
 
 

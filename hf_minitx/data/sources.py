@@ -285,19 +285,21 @@ READER_LOGGERS = ("datasets.packaged_modules.json.json", "datasets.packaged_modu
 
 
 class ReaderFailures(logging.Filter):
-    """Holds the last failure datasets' file readers logged (its line names the file) instead of printing it, so
-    that one error line says it: ``_guarded``'s for a read made at once, ``minitx``'s (``read_failure``) for a
-    stream, whose rows are read, and fail, later."""
+    """Holds the last failure datasets' file readers logged (its line names the file), so that one error line can
+    say it: ``_guarded``'s for a read made at once, ``minitx``'s (``read_failure``) for a stream, whose rows are read,
+    and fail, later. The reader's own line is kept back where that error line is sure to come (``quiet``: in
+    ``_guarded``, and in a ``minitx`` command); a program reading a stream itself still sees it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.last: str | None = None
+        self.quiet = False
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR:
             return True
         self.last = " ".join(record.getMessage().split())
-        return False
+        return not self.quiet
 
 
 READER_FAILURES = ReaderFailures()
@@ -337,7 +339,7 @@ def _json_file_at_fault(name: str) -> str | None:
 
 def _guarded(name: str, load: Any, *args: Any, **kwargs: Any) -> Any:
     """Call a datasets loading function and turn its failures into one clear error each."""
-    READER_FAILURES.last = None
+    READER_FAILURES.last, quiet, READER_FAILURES.quiet = None, READER_FAILURES.quiet, True
     try:
         loaded = load(*args, **kwargs)
     except ConnectionError as err:
@@ -372,6 +374,8 @@ def _guarded(name: str, load: Any, *args: Any, **kwargs: Any) -> Any:
                              "column names") from err
         said = read_failure(cause) or _json_file_at_fault(name) or f"{type(cause).__name__}: {cause}"
         raise ValueError(f"could not read dataset {name!r}: {said}. Is it empty or malformed?") from err
+    finally:
+        READER_FAILURES.quiet = quiet
     if isinstance(loaded, (Dataset, IterableDataset)):  # pragma: no cover - load_dataset without split
         return {"train": loaded}
     return dict(loaded) if isinstance(loaded, dict) else loaded

@@ -308,3 +308,18 @@ def test_a_text_column_holding_other_values_is_named(tmp_path, streaming):
     where = "it holds int64 values" if streaming else "numbers.parquet: row 1 holds 0 \\(int\\)"
     with pytest.raises(ValueError, match=rf"must hold text, but .*{where}: write each value as a string"):
         load_corpus(str(numbers), streaming=streaming)
+
+
+def test_a_reader_failure_is_held_once_and_still_printed_outside_a_command():
+    """A program reading a stream itself still sees datasets' line; ``minitx`` keeps it back and says it once."""
+    import logging
+
+    from hf_minitx.data.sources import READER_FAILURES, read_failure
+
+    said = "Failed to load JSON from file 'x.jsonl' with error <class 'ArrowInvalid'>: JSON parse error: row 3"
+    record = logging.LogRecord("datasets.packaged_modules.json.json", logging.ERROR, "", 0, said, None, None)
+    assert READER_FAILURES.filter(record) is True  # printed: no command's error line will say it
+    assert read_failure(ValueError("JSON parse error: row 3")) == said
+    assert read_failure(ValueError("JSON parse error: row 3")) is None  # said once
+    READER_FAILURES.filter(record)
+    assert read_failure(ValueError("another error")) is None  # not this error's line
