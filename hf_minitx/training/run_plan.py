@@ -233,17 +233,16 @@ def build_config(settings: dict[str, Any], preset: str) -> MiniTxConfig:
 
 def run_identity(model_settings: dict[str, Any], data_args: DataArguments, seed: int) -> dict[str, Any]:
     """What a checkpoint must share with the run that resumes it: the model, the data, and what defines the
-    validation split (seed, validation_split, streaming), so that validation never holds trained text; seq2seq
-    also the lengths its pairs are cut to."""
+    validation split (seed, validation_split, streaming), so that validation never holds trained text; and the
+    lengths the text is cut to (causal-lm's blocks, seq2seq's pairs)."""
     identity = {
         "model_settings": model_settings, "task": data_args.task, "dataset": dataset_key(data_args.dataset),
-        "dataset_config": data_args.dataset_config, "block_size": data_args.block_size,
-        "sample_by": data_args.sample_by, "seed": seed, "validation_split": data_args.validation_split,
-        "streaming": data_args.streaming, "shift_windows": shifts_windows(data_args),
+        "dataset_config": data_args.dataset_config, "sample_by": data_args.sample_by, "seed": seed,
+        "validation_split": data_args.validation_split, "streaming": data_args.streaming,
+        "shift_windows": shifts_windows(data_args),
     }
-    if data_args.task == "seq2seq":
-        identity.update({key: getattr(data_args, key) for key in PAIR_LENGTHS})
-    return identity
+    lengths = PAIR_LENGTHS if data_args.task == "seq2seq" else ("block_size",)
+    return {**identity, **{key: getattr(data_args, key) for key in lengths}}
 
 
 def shifts_windows(data_args: DataArguments) -> bool:

@@ -420,6 +420,7 @@ def test_a_seq2seq_resume_with_other_pair_lengths_is_refused_and_an_older_checkp
     older = {key: value for key, value in stored.items() if key not in ("max_source_length", "max_target_length")}
     check_compatible(tmp_path, older, run_identity({}, args, 42))  # written before the lengths were recorded
     assert "max_target_length" not in run_identity({}, replace(args, task="causal-lm"), 42)
+    check_compatible(tmp_path, stored, run_identity({}, replace(args, block_size=64), 42))  # seq2seq cuts no blocks
 
 
 def test_a_checkpoint_older_than_late_dropout_resumes_without_it_and_is_refused_with_it(tmp_path):
