@@ -313,6 +313,9 @@ def read_failure(error: BaseException) -> str | None:
     return said if said is not None and " ".join(str(error).split()) in said else None
 
 
+PROBED_BYTES = 1 << 28  # a file larger than this is not parsed again to name it (the error then names the dataset)
+
+
 def _json_file_at_fault(name: str) -> str | None:
     """"FILE: error" for the first local .json or .jsonl file of ``name`` (a file spec or a folder) that Python's
     json cannot parse (datasets' reader raised without naming it), or None. Read only after a failure."""
@@ -320,7 +323,7 @@ def _json_file_at_fault(name: str) -> str | None:
     files = sorted(map(str, folder.rglob("*"))) if folder.is_dir() else _local_files(name) or []
     for path in files:
         suffix = Path(path).suffix.lower()
-        if suffix not in (".json", ".jsonl"):
+        if suffix not in (".json", ".jsonl") or os.path.getsize(path) > PROBED_BYTES:
             continue
         where = ""
         try:
