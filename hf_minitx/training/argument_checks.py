@@ -149,14 +149,17 @@ def check_streaming_arguments(data_args: DataArguments, train_args: TrainArgumen
         raise ValueError(f"--shuffle_buffer must be >= 0 blocks, got {data_args.shuffle_buffer}")
 
 
-def check_stream_length(train_args: TrainArguments) -> None:
-    """A stream has no length to count epochs from: --max_steps or a time budget (--max_minutes) ends the run."""
+def check_stream_length(train_args: TrainArguments, resumed_steps: int | None = None) -> None:
+    """A stream has no length to count epochs from: --max_steps or a time budget (--max_minutes) ends the run
+    (``resumed_steps``: the length the resumed checkpoint's run was laid over, said in the error)."""
     if train_args.num_epochs is not None and train_args.max_steps is None:
         raise ValueError(f"--num_epochs {train_args.num_epochs:g} cannot bound a --streaming run: a stream has no "
                          "length to count epochs from; give --max_steps (or --max_minutes alone) instead")
     if train_args.max_steps is None and train_args.max_minutes is None:
+        finish = f"; the checkpoint's run was laid over {resumed_steps} steps: --max_steps {resumed_steps} finishes " \
+                 "it" if resumed_steps else ""
         raise ValueError("--streaming needs --max_steps or --max_minutes: a stream has no length to count epochs "
-                         "from")
+                         f"from{finish}")
 
 
 def check_one_batch(rows: int, global_batch: int, task: str, block_size: int, window: int) -> None:

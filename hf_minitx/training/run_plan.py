@@ -142,7 +142,7 @@ def plan_run(model_args: ModelArguments, data_args: DataArguments, train_args: T
     resumed_budget(train_args, plan.resume_state, plan.checkpoint)  # the checkpoint's budget, kept or refused here
     default_eval_steps(train_args)  # once the budget is known (a resume may take up its checkpoint's)
     if data_args.streaming:
-        check_stream_length(train_args)
+        check_stream_length(train_args, plan.resume_state.get("total_steps"))
         check_stream_resume(plan.checkpoint, data_args, train_args.seed,  # the launcher says how many processes
                             num_processes=process_count())
     if train_args.max_steps is not None:  # runs of num_epochs are checked once their length is known

@@ -173,3 +173,12 @@ def test_bad_bytes_in_the_first_window_leave_no_folder_and_promise_no_checkpoint
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "t.txt is not UTF-8 text" in err[0] and "--skip_bad_rows" in err[0], err
     assert "saved" not in err[0] and not (tmp_path / "run").exists()
+
+
+def test_a_streaming_resume_without_a_length_is_told_the_checkpoints(corpus, tmp_path):
+    out = tmp_path / "run"
+    main(stream_args(corpus, out, "--max_steps", "3", "--checkpointing_steps", "2"))
+    (out / "model.safetensors").unlink()  # as if stopped after checkpoint-2
+    with pytest.raises(ValueError, match=r"no length to count epochs from; the checkpoint's run was laid over 3 "
+                                         r"steps: --max_steps 3 finishes it"):
+        main(stream_args(corpus, out, "--resume_from_checkpoint", str(out / "checkpoint-2")))
