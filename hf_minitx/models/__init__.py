@@ -14,7 +14,7 @@ from .modeling_minitx import (
 )
 
 MODEL_FILES = ("configuration_minitx", "checks_minitx", "attention_minitx", "positions_minitx", "layers_minitx",
-               "decoding_minitx", "lm_head_minitx", "modeling_minitx")
+               "cache_minitx", "decoding_minitx", "lm_head_minitx", "modeling_minitx")
 
 __all__ = ["IGNORE_INDEX", "MODEL_FILES", "MiniTxConfig", "MiniTxPreTrainedModel", "MiniTxModel", "MiniTxForCausalLM",
            "MiniTxForConditionalGeneration"]

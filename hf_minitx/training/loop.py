@@ -37,6 +37,7 @@ from .arguments import DataArguments, ModelArguments, TrainArguments, parse_trai
 from .budget import TIMED_FROM, Probe
 from .calibration import calibrate
 from .checkpoints import CHECKPOINT_PREFIX, list_checkpoints, save_checkpoint
+from .divergence import check_finite
 from .end_of_run import finish, gathered_weights, keep_best, train_summary
 from .evaluation import chance_note
 from .outputs import CALIBRATED, append_metrics
@@ -55,10 +56,6 @@ from .setup import setup
 from .shape_plan import planned_split
 from .signals import StopSignals, TermDuringSetup
 from .state import FitOutcome, RunState, TrainingRun
-
-
-class NonFiniteLossError(RuntimeError, ValueError):  # a ValueError: the CLI prints it as one line, exit 2
-    """The training loss or the gradients became NaN/inf; training stopped before the optimizer step."""
 
 
 class WindowCounts(NamedTuple):
@@ -274,20 +271,6 @@ def train_step(
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     return loss, learning_rate
-
-
-def check_finite(run: TrainingRun, step: int, loss: float, grad_norm: float) -> None:
-    """Stop before the optimizer step when the loss or (without a loss scaler) the gradient norm is NaN/inf."""
-    if math.isfinite(loss) and (run.accelerator.scaler is not None or math.isfinite(grad_norm)):
-        return
-    last = list_checkpoints(run.output_dir) if run.output_dir else []
-    where = f"the last good checkpoint is {last[-1]}" if last else "no checkpoint was saved"
-    raise NonFiniteLossError(
-        f"training stopped at step {step}: the loss is {loss} and the gradient norm {grad_norm}; the weights "
-        f"were not updated and {where}. Resuming with the same settings would diverge again (a resumed run keeps "
-        "its recipe): start again with --overwrite_output_dir and a lower --learning_rate (or --muon_learning_rate), "
-        "a longer --warmup_steps, --max_grad_norm 1.0 or --mixed_precision no."
-    )
 
 
 def count_window(

@@ -28,7 +28,7 @@ def test_verify_accepts_complete_folders(folders):
     assert info.weight_files == ("model.safetensors",)
     assert set(info.code_files) == {"configuration_minitx.py", "modeling_minitx.py", "layers_minitx.py",
                                     "attention_minitx.py", "positions_minitx.py", "decoding_minitx.py",
-                                    "checks_minitx.py", "lm_head_minitx.py"}
+                                    "checks_minitx.py", "lm_head_minitx.py", "cache_minitx.py"}
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(info.tokenizer_files)
     assert info.num_parameters == MiniTxForConditionalGeneration.from_pretrained(folders["seq2seq"]).num_parameters()
     with pytest.raises(ModelFolderError, match="describes a seq2seq model, but a causal-lm model was expected"):

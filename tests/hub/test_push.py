@@ -48,8 +48,8 @@ def test_stage_copies_exactly_the_shareable_files(causal_copy, tmp_path):
     assert staged == {
         "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
         "configuration_minitx.py", "modeling_minitx.py", "layers_minitx.py", "attention_minitx.py",
-        "positions_minitx.py", "decoding_minitx.py", "checks_minitx.py", "lm_head_minitx.py", "training_summary.json",
-        "metrics.jsonl", "README.md",
+        "positions_minitx.py", "decoding_minitx.py", "cache_minitx.py", "checks_minitx.py", "lm_head_minitx.py",
+        "training_summary.json", "metrics.jsonl", "README.md",
     }
     assert (staging / "model.safetensors").read_bytes() == (causal_copy / "model.safetensors").read_bytes()
     assert '"alice/kjv-tiny"' in (staging / "README.md").read_text()

@@ -34,7 +34,7 @@ def test_round_trip_restores_every_tensor_exactly(tmp_path, kind, auto, pe):
     files = set(os.listdir(tmp_path))
     assert {"config.json", "generation_config.json", "model.safetensors", "modeling_minitx.py",
             "configuration_minitx.py", "attention_minitx.py", "layers_minitx.py", "positions_minitx.py",
-            "decoding_minitx.py", "checks_minitx.py", "lm_head_minitx.py"} <= files
+            "decoding_minitx.py", "cache_minitx.py", "checks_minitx.py", "lm_head_minitx.py"} <= files
     loaded = auto.from_pretrained(tmp_path)
     assert type(loaded) is type(model)
     before, after = _all_tensors(model), _all_tensors(loaded)

@@ -20,7 +20,8 @@ from hf_minitx.cli import main as minitx
 from hf_minitx.models import MiniTxConfig
 from hf_minitx.training.arguments import TrainArguments, parse_training_args
 from hf_minitx.training.checkpoints import write_run_state
-from hf_minitx.training.loop import NonFiniteLossError, main
+from hf_minitx.training.divergence import NonFiniteLossError
+from hf_minitx.training.loop import main
 from hf_minitx.training.run_length import late_dropout_plan
 from hf_minitx.training.run_plan import resolve_model_settings, run_identity
 
